@@ -1,0 +1,106 @@
+"""The exponential-family interface every q family implements.
+
+A family is a value (a NamedTuple of pure functions), not a class hierarchy:
+
+    q(x) = h(x) exp(<λ, T(x)> - A(λ)),     μ = E_q[T(x)] = ∇A(λ).
+
+Natural parameters λ, mean parameters μ and sufficient statistics T(x) share
+one NamedTuple type per family (``GammaStats(log_x, x)``), with fields named
+after the statistic, so <λ, T(x)> is a tree reduction and the BLR update is a
+``jax.tree.map``. Batch dimensions lead; the trailing ``event_ndim`` dimensions
+of ``x`` (and the matching dimensions of each statistic) are the event.
+
+Nothing here assumes a dense covariance: a structured family (the chain
+Gaussian with block-tridiagonal precision) keeps only the statistics it needs
+(marginal and lag-one second moments), never a dense T x T matrix.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class ExpFamily(NamedTuple):
+    """An exponential family as pure functions over per-family ``*Stats`` pytrees.
+
+    Fields (all pure, jit- and vmap-safe):
+        name: the family's name, as used in ``families={site: name}``.
+        stats_type: the NamedTuple type shared by λ, μ and T(x).
+        event_ndim: number of trailing event dimensions of a value ``x``.
+        support: the numpyro constraint of the values ``x``.
+        sufficient_stats: ``x -> T(x)``.
+        log_base_measure: ``x -> log h(x)``, batch shaped.
+        expected_log_base_measure: ``λ -> E_q[log h(x)]``, batch shaped (zero for
+            families whose ``A`` absorbs every constant).
+        log_normalizer: ``λ -> A(λ)``, batch shaped.
+        mean_params: ``λ -> μ = ∇A(λ)`` in closed form.
+        natural_params: ``μ -> λ``, the inverse of ``mean_params``.
+        from_usual: the family's usual parameters (keyword arguments) ``-> λ``.
+        to_usual: ``λ -> dict`` of usual parameters.
+        from_numpyro: numpyro ``Distribution -> λ``.
+        to_numpyro: ``λ -> numpyro Distribution`` with the same batch shape and
+            ``.mean`` / ``.variance`` in the site's own support.
+        sample: ``(rng_key, λ, sample_shape) -> x`` of shape
+            ``sample_shape + batch_shape + event_shape``.
+        is_valid: ``λ -> bool array`` (batch shaped): λ lies in the natural
+            parameter space.
+        batch_shape: ``λ -> tuple``.
+    """
+
+    name: str
+    stats_type: type
+    event_ndim: int
+    support: Any
+    sufficient_stats: Callable
+    log_base_measure: Callable
+    expected_log_base_measure: Callable
+    log_normalizer: Callable
+    mean_params: Callable
+    natural_params: Callable
+    from_usual: Callable
+    to_usual: Callable
+    from_numpyro: Callable
+    to_numpyro: Callable
+    sample: Callable
+    is_valid: Callable
+    batch_shape: Callable
+
+
+
+
+def family_inner(family: ExpFamily, natural: Any, stats: Any) -> jax.Array:
+    """<λ, T> reduced over event dimensions, one value per batch element."""
+    batch_ndim = len(family.batch_shape(natural))
+
+    def field_inner(lam, t):
+        prod = lam * t
+        return jnp.sum(prod, axis=tuple(range(batch_ndim, prod.ndim)))
+
+    return sum(jax.tree.leaves(jax.tree.map(field_inner, natural, stats)))
+
+
+def entropy(family: ExpFamily, natural: Any) -> jax.Array:
+    """H[q] = A(λ) - <λ, μ> - E_q[log h(x)], batch shaped."""
+    mean = family.mean_params(natural)
+    return (
+        family.log_normalizer(natural)
+        - family_inner(family, natural, mean)
+        - family.expected_log_base_measure(natural)
+    )
+
+
+def kl_divergence(family: ExpFamily, natural: Any, other_natural: Any) -> jax.Array:
+    """KL(q_λ || q_λ') as the Bregman divergence of A, batch shaped.
+
+        KL = A(λ') - A(λ) - <λ' - λ, μ>,   μ = ∇A(λ)
+    """
+    mean = family.mean_params(natural)
+    diff = jax.tree.map(lambda a, b: a - b, other_natural, natural)
+    return (
+        family.log_normalizer(other_natural)
+        - family.log_normalizer(natural)
+        - family_inner(family, diff, mean)
+    )

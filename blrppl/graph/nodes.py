@@ -1,0 +1,178 @@
+"""Nodes of a traced factor graph: static metadata, kept apart from arrays.
+
+A :class:`FactorGraph` is bipartite: latent variables (one per latent sample
+site, or one per latent chain) and factors (one per sample site: the prior of
+a latent, the likelihood of an observation, or a ``numpyro.factor`` term).
+Nodes are frozen dataclasses; engines close over them (they are static).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Plate:
+    """A ``numpyro.plate``: its full size N and the batch size M it draws.
+
+    ``scale`` is N / M, the factor by which a minibatch's log density is
+    rescaled (1 without subsampling). ``dim`` is numpyro's (negative) batch
+    dimension of the plate.
+    """
+
+    name: str
+    size: int
+    subsample_size: int
+    dim: int
+
+    @property
+    def scale(self) -> float:
+        return self.size / self.subsample_size
+
+    @property
+    def subsampled(self) -> bool:
+        return self.subsample_size < self.size
+
+
+@dataclasses.dataclass(frozen=True)
+class Edge:
+    """The (factor, variable) edge's conjugacy verdict and its reason.
+
+    ``conjugate`` is ``None`` until the exact estimator has analysed the
+    factor; then ``True`` (an exact site parameter exists) or ``False`` with a
+    ``reason`` a user can read (``"jnp.exp of 'beta' is not a sufficient
+    statistic of its Normal q"``).
+    """
+
+    conjugate: Optional[bool] = None
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainInfo:
+    """Time-series structure of a chain variable.
+
+    ``sites`` are the numpyro sites joined into the chain, in order (an
+    initial-state site, then the site holding the stacked states). ``length``
+    is the number of time steps T (initial state included), ``state_shape``
+    the shape of one state (``()`` for scalar, ``(d,)`` for vectors), and
+    ``time_axis`` the axis of the stacked site value that indexes time.
+    ``kind`` names how the chain was written: ``"GaussianRandomWalk"``,
+    ``"GaussianStateSpace"``, ``"scan"`` or ``"markov"`` (discrete chains).
+    """
+
+    sites: tuple[str, ...]
+    length: int
+    state_shape: tuple[int, ...]
+    time_axis: int
+    kind: str
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableNode:
+    """A latent variable: one latent sample site, or one chain of them.
+
+    Attributes:
+        name: the site name (for a chain: the site holding the stacked states).
+        family: the q family's name (``"Normal"``, ``"MultivariateNormal"``,
+            ``"Gamma"``, ``"InverseGamma"``, ``"Beta"``, ``"Dirichlet"``,
+            ``"Categorical"``, ``"Bernoulli"``, ``"Wishart"``,
+            ``"ChainGaussian"``, ``"ChainCategorical"``).
+        shape: the site value's shape (batch + event) in its own support.
+        batch_shape: the prior's batch shape (plates and independent dims).
+        event_shape: the prior's event shape.
+        plates: names of the plates the site sits in, outermost first.
+        support: the prior's support (a numpyro constraint).
+        transform: for a Gaussian q on an unconstrained space, the numpyro
+            transform from that space to ``support`` (``biject_to``); else None.
+        prior: the prior distribution as traced (numpyro Distribution).
+        discrete: True for a discrete site (finite support).
+        chain: time-series structure for chain variables, else None.
+        observed_mask: for the ``y_unobserved`` latent of an ``obs_mask`` site,
+            the boolean mask of observed positions (those positions carry no
+            q); else None.
+    """
+
+    name: str
+    family: str
+    shape: tuple[int, ...]
+    batch_shape: tuple[int, ...]
+    event_shape: tuple[int, ...]
+    plates: tuple[str, ...]
+    support: Any
+    transform: Any
+    prior: Any
+    discrete: bool
+    chain: Optional[ChainInfo] = None
+    observed_mask: Optional[np.ndarray] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FactorNode:
+    """A factor: one sample site's log density, vectorised over its plates.
+
+    Attributes:
+        name: the site name (a ``numpyro.factor`` term keeps its own name).
+        kind: ``"prior"`` (the prior of a latent site), ``"likelihood"`` (an
+            observed site) or ``"factor"`` (a ``numpyro.factor`` term).
+        distribution: the site's numpyro distribution as traced.
+        observed: True for an observed site.
+        value: the observed value (numpy array), None for latent sites.
+        neighbours: latent variables (VariableNode names) the factor's value
+            and distribution arguments depend on, in trace order.
+        param_neighbours: ``numpyro.param`` sites it depends on.
+        plates: plate names, outermost first.
+        scale: the site's log-density scale (``handlers.scale`` times the
+            N / M of subsampled plates), or None for 1.
+        mask: the site's mask (from ``.mask()`` or ``obs_mask``), or None.
+        edges: variable name -> :class:`Edge` (the conjugacy slot).
+    """
+
+    name: str
+    kind: str
+    distribution: Any
+    observed: bool
+    value: Any
+    neighbours: tuple[str, ...]
+    param_neighbours: tuple[str, ...]
+    plates: tuple[str, ...]
+    scale: Any
+    mask: Any
+    edges: dict[str, Edge]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamNode:
+    """A ``numpyro.param`` site: its initial value and constraint."""
+
+    name: str
+    shape: tuple[int, ...]
+    constraint: Any
+    init_value: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class DeterministicNode:
+    """A ``numpyro.deterministic`` site, recorded so results can report it."""
+
+    name: str
+    shape: tuple[int, ...]
+    plates: tuple[str, ...]
+    neighbours: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class FactorGraph:
+    """A NumPyro model as a bipartite factor graph (see ``blrppl.trace``)."""
+
+    variables: dict[str, VariableNode]
+    factors: dict[str, FactorNode]
+    params: dict[str, ParamNode]
+    deterministics: dict[str, DeterministicNode]
+    plates: dict[str, Plate]
+    model: Callable
+    model_args: tuple
+    model_kwargs: dict
