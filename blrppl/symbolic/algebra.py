@@ -1,0 +1,404 @@
+"""Arithmetic on symbolic arrays (:class:`~blrppl.symbolic.terms.Poly`).
+
+Every operation keeps the result a sum of einsum terms over constant operands
+and variable atoms, or raises :class:`NonConjugate` naming the variable and
+saying why (``exp`` of a random value, the log of a sum, a power that does
+not land on a sufficient statistic is caught later, when expectations are
+taken).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+from typing import Sequence
+
+import numpy as np
+
+from blrppl.symbolic.terms import (
+    Index,
+    Labels,
+    NonConjugate,
+    Operand,
+    Poly,
+    Substitution,
+    Term,
+    VarAtom,
+    constant,
+    relabel,
+    rename_internal,
+    simplify_index,
+    substitute_atom,
+    substitute_term,
+)
+
+
+def _describe(poly: Poly) -> str:
+    names = sorted(poly.variables)
+    return ", ".join(repr(n) for n in names)
+
+
+def _first_var(poly: Poly):
+    names = sorted(poly.variables)
+    return names[0] if names else None
+
+
+def free_labels(poly: Poly) -> set:
+    """Output labels plus the category labels of the selectors."""
+    out = set(poly.labels)
+    for sel in poly.selectors:
+        out |= {sel.index[-1].labels[0]}
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Normalisation of terms.
+
+
+def compress_operand(op: Operand) -> tuple[Operand | None, float]:
+    """Drop axes an operand is constant along; fold scalars into a coefficient."""
+    array, labels = np.asarray(op.array), list(op.labels)
+    keep = []
+    for axis in range(array.ndim):
+        if array.shape[axis] > 1:
+            first = np.take(array, [0], axis=axis)
+            if not np.all(array == first):
+                keep.append(axis)
+    array = array[tuple(slice(None) if a in keep else 0 for a in range(array.ndim))]
+    labels = [labels[a] for a in keep]
+    if array.ndim == 0:
+        return None, float(array)
+    return Operand(array, tuple(labels)), 1.0
+
+
+def normalize_term(term: Term) -> Term:
+    """Compress operands and merge powers of the same atom at the same position."""
+    coeff = term.coeff
+    operands = []
+    for op in term.operands:
+        new, scalar = compress_operand(op)
+        coeff *= scalar
+        if new is not None:
+            operands.append(new)
+    atoms: list[VarAtom] = []
+    for atom in term.atoms:
+        for i, other in enumerate(atoms):
+            if other.kind == "x" and atom.kind == "x" and other.same_position(atom):
+                atoms[i] = dataclasses.replace(other, power=other.power + atom.power)
+                break
+        else:
+            atoms.append(atom)
+    atoms = [a for a in atoms if not (a.kind == "x" and a.power == 0)]
+    return Term(coeff, tuple(operands), tuple(atoms))
+
+
+def _clean(terms) -> tuple[Term, ...]:
+    out = []
+    for term in terms:
+        term = normalize_term(term)
+        if term.coeff != 0.0:
+            out.append(term)
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------
+# Selectors (enumerated categorical variables).
+
+
+def _unify_selectors(poly: Poly, other: Poly) -> tuple[Poly, tuple[VarAtom, ...]]:
+    """Rename ``poly``'s selector labels to match ``other``'s shared selectors."""
+    subs = {}
+    kept = []
+    for sel in poly.selectors:
+        match = None
+        for osel in other.selectors:
+            if osel.var == sel.var and all(
+                a.same_as(b) for a, b in zip(osel.index[:-1], sel.index[:-1])
+            ):
+                match = osel
+        if match is None:
+            kept.append(sel)
+        else:
+            old, new = sel.index[-1].labels[0], match.index[-1].labels[0]
+            if old != new:
+                subs[old] = Substitution((new,))
+    if subs:
+        terms = tuple(substitute_term(t, subs) for t in poly.terms)
+        poly = Poly(poly.shape, poly.labels, terms, ())
+    return poly, tuple(kept)
+
+
+def push_selectors(poly: Poly, labels: set | None = None) -> Poly:
+    """Move selectors that read any of ``labels`` (all if None) into the terms."""
+    push = [
+        s
+        for s in poly.selectors
+        if labels is None or any(lab in labels for idx in s.index[:-1] for lab in idx.labels)
+    ]
+    if not push:
+        return poly
+    keep = tuple(s for s in poly.selectors if s not in push)
+    terms = tuple(Term(t.coeff, t.operands, t.atoms + tuple(push)) for t in poly.terms)
+    return Poly(poly.shape, poly.labels, terms, keep)
+
+
+# ---------------------------------------------------------------------------
+# Elementwise binary operations.
+
+
+def broadcast_to(poly: Poly, shape: tuple[int, ...], space: Labels) -> Poly:
+    """Broadcast ``poly`` to ``shape`` (numpy rules)."""
+    shape = tuple(shape)
+    if poly.shape == shape:
+        return poly
+    if poly.shape == ():
+        labels = tuple(space.new(n) for n in shape)
+        return Poly(shape, labels, poly.terms, poly.selectors)
+    iota = np.arange(int(np.prod(poly.shape))).reshape(poly.shape)
+    return reindex(poly, np.broadcast_to(iota, shape), space)
+
+
+def align(poly: Poly, other: Poly, space: Labels) -> tuple[Poly, Poly]:
+    """Bring two Polys to one shape and one set of output and selector labels."""
+    shape = np.broadcast_shapes(poly.shape, other.shape)
+    poly = broadcast_to(poly, shape, space)
+    other = broadcast_to(other, shape, space)
+    other = relabel(other, poly.labels)
+    other_unified, other_only = _unify_selectors(other, poly)
+    return poly, Poly(other.shape, other.labels, other_unified.terms, other_only)
+
+
+def add(poly: Poly, other: Poly, space: Labels) -> Poly:
+    poly, other = align(poly, other, space)
+    return Poly(
+        poly.shape, poly.labels, _clean(poly.terms + other.terms), poly.selectors + other.selectors
+    )
+
+
+def scale(poly: Poly, factor: float) -> Poly:
+    terms = tuple(Term(t.coeff * factor, t.operands, t.atoms) for t in poly.terms)
+    return Poly(poly.shape, poly.labels, _clean(terms), poly.selectors)
+
+
+def neg(poly: Poly) -> Poly:
+    return scale(poly, -1.0)
+
+
+def sub(poly: Poly, other: Poly, space: Labels) -> Poly:
+    return add(poly, neg(other), space)
+
+
+def _product_terms(a: Sequence[Term], b: Sequence[Term], keep: set, space: Labels):
+    out = []
+    for ta in a:
+        for tb in b:
+            tb = rename_internal(tb, keep, space)  # Summed labels stay private.
+            out.append(Term(ta.coeff * tb.coeff, ta.operands + tb.operands, ta.atoms + tb.atoms))
+    return _clean(out)
+
+
+def mul(poly: Poly, other: Poly, space: Labels) -> Poly:
+    poly, other = align(poly, other, space)
+    keep = free_labels(poly) | free_labels(other)
+    terms = _product_terms(poly.terms, other.terms, keep, space)
+    return Poly(poly.shape, poly.labels, terms, poly.selectors + other.selectors)
+
+
+# ---------------------------------------------------------------------------
+# Elementwise nonlinear operations.
+
+
+def _monomial(poly: Poly) -> Term | None:
+    """The single term of ``poly`` if it reads only free labels, else None."""
+    if len(poly.terms) != 1:
+        return None
+    term = poly.terms[0]
+    if term.labels - free_labels(poly):
+        return None
+    return term
+
+
+def power(poly: Poly, exponent: float, space: Labels) -> Poly:
+    """``poly ** exponent`` for a constant exponent."""
+    exponent = Fraction(exponent).limit_denominator(1000)
+    if exponent == 1:
+        return poly
+    if exponent == 0:
+        return constant(np.ones(poly.shape), space)
+    term = _monomial(poly)
+    if term is None:
+        if exponent.denominator == 1 and exponent > 0:
+            out = poly
+            for _ in range(int(exponent) - 1):
+                out = mul(out, poly, space)
+            return out
+        raise NonConjugate(
+            _first_var(poly),
+            f"a power {exponent} of a sum involving {_describe(poly)} is not a "
+            "polynomial in sufficient statistics",
+        )
+    if term.coeff < 0 and exponent.denominator != 1:
+        raise NonConjugate(_first_var(poly), "a fractional power of a negative quantity")
+    operands = tuple(Operand(np.asarray(op.array, float) ** float(exponent), op.labels) for op in term.operands)
+    atoms = []
+    for atom in term.atoms:
+        if atom.kind == "x":
+            atoms.append(dataclasses.replace(atom, power=atom.power * exponent))
+        elif exponent.denominator == 1 and exponent > 0 and atom.kind == "one_hot":
+            atoms.append(atom)
+        else:
+            raise NonConjugate(
+                atom.var,
+                f"{atom.kind}({atom.var!r}) ** {exponent} is not a sufficient statistic",
+            )
+    new = Term(float(term.coeff) ** float(exponent), operands, tuple(atoms))
+    return Poly(poly.shape, poly.labels, _clean([new]), poly.selectors)
+
+
+def _log_one_minus(poly: Poly) -> Poly | None:
+    """log(c - c x) = log c + log(1 - x) for a single atom x, else None."""
+    if len(poly.terms) != 2:
+        return None
+    const = [t for t in poly.terms if not t.atoms]
+    atom_terms = [t for t in poly.terms if t.atoms]
+    if len(const) != 1 or len(atom_terms) != 1:
+        return None
+    c, t = const[0], atom_terms[0]
+    if len(t.atoms) != 1 or t.atoms[0].kind != "x" or t.atoms[0].power != 1:
+        return None
+    if t.labels - free_labels(poly) or c.labels - free_labels(poly):
+        return None
+    if not np.isclose(c.coeff, -t.coeff) or len(c.operands) != len(t.operands):
+        return None
+    for a, b in zip(c.operands, t.operands):
+        if a.labels != b.labels or not np.array_equal(a.array, b.array):
+            return None
+    atom = dataclasses.replace(t.atoms[0], kind="log1m")
+    log_c = log(Poly(poly.shape, poly.labels, (c,), poly.selectors), None)
+    return Poly(
+        poly.shape,
+        poly.labels,
+        _clean(log_c.terms + (Term(1.0, (), (atom,)),)),
+        poly.selectors,
+    )
+
+
+def log(poly: Poly, space: Labels | None) -> Poly:
+    """Elementwise log: of a monomial, or of ``c (1 - x)``."""
+    term = _monomial(poly)
+    if term is None:
+        out = _log_one_minus(poly)
+        if out is not None:
+            return out
+        raise NonConjugate(
+            _first_var(poly),
+            f"the log of a sum involving {_describe(poly)} is not affine in "
+            "sufficient statistics",
+        )
+    if term.coeff <= 0:
+        raise NonConjugate(_first_var(poly), "the log of a non-positive quantity")
+    terms = [Term(float(np.log(term.coeff)))]
+    for op in term.operands:
+        terms.append(Term(1.0, (Operand(np.log(np.asarray(op.array, float)), op.labels),)))
+    for atom in term.atoms:
+        if atom.kind == "x":
+            terms.append(Term(float(atom.power), (), (dataclasses.replace(atom, kind="log", power=Fraction(1)),)))
+        else:
+            raise NonConjugate(atom.var, f"log({atom.kind}({atom.var!r})) is not a sufficient statistic")
+    return Poly(poly.shape, poly.labels, _clean(terms), poly.selectors)
+
+
+def logdet(poly: Poly) -> Poly:
+    """log |X| over the last two axes, for a single matrix-variable atom."""
+    term = _monomial(poly)
+    batch = poly.labels[:-2]
+    if term is None or len(term.atoms) != 1 or term.operands or term.coeff <= 0:
+        raise NonConjugate(_first_var(poly), "log det of anything but a scaled matrix variable")
+    atom = term.atoms[0]
+    if atom.kind != "x" or any(not i.direct for i in atom.index[-2:]):
+        raise NonConjugate(atom.var, f"log det of a function of {atom.var!r}")
+    d = poly.shape[-1]
+    new_atom = VarAtom(atom.var, "logdet", atom.index[:-2])
+    terms = (Term(d * float(np.log(term.coeff))), Term(float(atom.power), (), (new_atom,)))
+    return Poly(poly.shape[:-2], batch, _clean(terms), poly.selectors)
+
+
+# ---------------------------------------------------------------------------
+# Reductions, contractions and index remapping.
+
+
+def reduce_sum(poly: Poly, axes: Sequence[int], space: Labels) -> Poly:
+    axes = tuple(a % len(poly.shape) for a in axes)
+    summed = {poly.labels[a] for a in axes}
+    poly = push_selectors(poly, summed)
+    terms = []
+    for term in poly.terms:
+        factor = 1.0
+        for lab in summed - term.labels:
+            factor *= space.size[lab]
+        terms.append(Term(term.coeff * factor, term.operands, term.atoms))
+    shape = tuple(n for i, n in enumerate(poly.shape) if i not in axes)
+    labels = tuple(lab for i, lab in enumerate(poly.labels) if i not in axes)
+    return Poly(shape, labels, _clean(terms), poly.selectors)
+
+
+def dot_general(poly: Poly, other: Poly, dimension_numbers, space: Labels) -> Poly:
+    (lc, rc), (lb, rb) = dimension_numbers
+    lc, rc, lb, rb = map(tuple, (lc, rc, lb, rb))
+    # Fresh labels for the right operand, then tie its contracted and batch axes.
+    fresh = [space.new(n) for n in other.shape]
+    other = relabel(other, fresh)
+    tie = {}
+    for l_ax, r_ax in list(zip(lc, rc)) + list(zip(lb, rb)):
+        tie[other.labels[r_ax]] = poly.labels[l_ax]
+    new_labels = tuple(tie.get(lab, lab) for lab in other.labels)
+    other = relabel(other, new_labels)
+    other_unified, other_only = _unify_selectors(other, poly)
+    other = Poly(other.shape, other.labels, other_unified.terms, other_only)
+    contracted = {poly.labels[a] for a in lc}
+    lhs = push_selectors(poly, contracted)
+    rhs = push_selectors(other, contracted)
+    keep = free_labels(lhs) | free_labels(rhs)
+    terms = _product_terms(lhs.terms, rhs.terms, keep, space)
+    out_labels = (
+        tuple(poly.labels[a] for a in lb)
+        + tuple(lab for i, lab in enumerate(poly.labels) if i not in lc + lb)
+        + tuple(lab for i, lab in enumerate(other.labels) if i not in rc + rb)
+    )
+    shape = tuple(space.size[lab] for lab in out_labels)
+    return Poly(shape, out_labels, terms, lhs.selectors + rhs.selectors)
+
+
+def reindex(poly: Poly, positions: np.ndarray, space: Labels) -> Poly:
+    """Read ``poly`` at flat positions (``-1``: a structural zero).
+
+    ``positions`` has the output's shape; entry ``p`` says which element of
+    ``poly`` (flat, C order) lands there. Any index-remapping primitive
+    (broadcast, reshape, transpose, slice, gather with constant indices,
+    concatenate, pad) is expressed this way by running it on an iota.
+    """
+    positions = np.asarray(positions)
+    labels = tuple(space.new(n) for n in positions.shape)
+    masked = positions < 0
+    safe = np.where(masked, 0, positions)
+    if poly.shape:
+        coords = np.unravel_index(safe, poly.shape)
+    else:
+        coords = ()
+    subs = {}
+    for old, coord in zip(poly.labels, coords):
+        idx = simplify_index(Index(labels, np.asarray(coord)))
+        subs[old] = Substitution(idx.labels, idx.array)
+    terms = tuple(substitute_term(t, subs) for t in poly.terms)
+    selectors = tuple(substitute_atom(s, subs) for s in poly.selectors)
+    if masked.any():
+        mask, _ = compress_operand(Operand((~masked).astype(float), labels))
+        terms = tuple(Term(t.coeff, t.operands + (mask,), t.atoms) for t in terms)
+    return Poly(positions.shape, labels, _clean(terms), selectors)
+
+
+def select(mask: np.ndarray, on_true: Poly, on_false: Poly, space: Labels) -> Poly:
+    """``where(mask, on_true, on_false)`` for a constant boolean mask."""
+    mask = np.broadcast_to(np.asarray(mask, bool), on_true.shape or on_false.shape)
+    m = constant(mask.astype(float), space)
+    return add(mul(m, on_true, space), mul(constant(1.0 - mask, space), on_false, space), space)

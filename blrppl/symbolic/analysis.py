@@ -1,0 +1,63 @@
+"""Analyse a log factor once: jaxpr -> symbolic polynomial -> statistic terms."""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import jax
+import numpy as np
+
+from blrppl.symbolic.expectation import StatTerm, VarInfo, resolve
+from blrppl.symbolic.interpret import Interpreter, categorical_variable
+from blrppl.symbolic.terms import Labels, NonConjugate, Poly, Term, variable
+
+
+def analyse(
+    log_factor: Callable[[dict], jax.Array],
+    example_values: Mapping[str, jax.Array],
+    infos: Mapping[str, VarInfo],
+) -> list[StatTerm]:
+    """Compile ``E_q[log_factor(values)]`` into statistic terms.
+
+    Args:
+      log_factor: a pure function from a dict of latent values to a scalar
+        (the factor's log density summed over its plates).
+      example_values: values with the right shapes and dtypes (e.g. a draw
+        from the prior); only their shapes matter.
+      infos: for every key of ``example_values``, its q (family kind and the
+        axes q factorises over).
+
+    Returns:
+      The statistic terms; :func:`~blrppl.symbolic.expectation.expected_value`
+      evaluates them from mean parameters.
+
+    Raises:
+      NonConjugate: naming the variable and the reason.
+    """
+    names = sorted(example_values)
+    closed = jax.make_jaxpr(lambda *xs: log_factor(dict(zip(names, xs))))(
+        *[example_values[n] for n in names]
+    )
+    space = Labels()
+    categorical = {}
+    args = []
+    for name in names:
+        info = infos[name]
+        shape = tuple(np.shape(example_values[name]))
+        if info.kind == "categorical":
+            categorical[name] = (shape, info.num_categories)
+            args.append(categorical_variable(name, shape, space))
+        else:
+            args.append(variable(name, shape, space))
+    interpreter = Interpreter(space, categorical)
+    (out,) = interpreter.run(closed, args)
+    if not isinstance(out, Poly):
+        out = Poly((), (), (Term(float(np.sum(out))),))
+    if out.shape:
+        raise ValueError("log_factor must return a scalar")
+    for name in names:
+        if infos[name].kind == "categorical" and any(
+            a.var == name and a.kind == "cat" for t in out.terms for a in t.atoms
+        ):
+            raise NonConjugate(name, f"the categorical {name!r} is used as a number, not as an index")
+    return resolve(out, infos, space)

@@ -1,0 +1,403 @@
+"""Expectations of symbolic log factors under a mean-field q.
+
+A scalar :class:`Poly` (a log factor summed over its plates) is compiled once
+into a list of :class:`StatTerm`: a coefficient, one pre-contracted constant
+operand (the data's sufficient statistics: ``sum(y**2)``, ``X.T @ X``, per-group
+sums, ...) and reads of the variables' mean parameters. Evaluating it is then
+a few einsums over mean parameters, so ``E_q[log f]`` is affine in each
+variable's mean parameters and ``jax.grad`` of it with respect to them is the
+exact site parameter (Khan & Rue, Eq. 54 and Sec. 5.1).
+
+Mean parameters are given in *value layout*: for a variable of shape
+``batch + block`` (``block``: the axes q keeps a full covariance over),
+
+- Gaussian: ``x`` (shape ``batch + block``) and ``xx`` (``batch + block + block``,
+  ``E[x x^T]`` within a block; ``E[x^2]`` when the block is scalar),
+- Gamma: ``x``, ``log_x``; InverseGamma: ``inv_x``, ``log_x``;
+  Beta: ``log_x``, ``log1m_x``; Dirichlet: ``log_x``; Bernoulli: ``x``;
+  Categorical: ``one_hot`` (shape ``value + (K,)``); Wishart: ``x``, ``log_det_x``.
+
+Under mean-field, q factorises over variables and over the batch positions
+of each variable, so the expectation of a product of reads is the product of
+expectations, except where two reads of one variable may land on the same
+position; those pairs are resolved here (``E[x_i x_j]`` within a block,
+``one_hot_k one_hot_l = delta_kl one_hot_k``), or rejected as non-conjugate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import string
+from fractions import Fraction
+from typing import Mapping, Optional
+
+import jax.numpy as jnp
+import numpy as np
+
+from blrppl.symbolic.algebra import normalize_term, push_selectors
+from blrppl.symbolic.terms import (
+    Index,
+    Labels,
+    NonConjugate,
+    Operand,
+    Poly,
+    Substitution,
+    Term,
+    VarAtom,
+    substitute_term,
+)
+
+GAUSSIAN = "gaussian"
+
+# (family kind, atom kind, power) -> statistic name, for single reads.
+_STATS = {
+    ("gamma", "x", 1): "x",
+    ("gamma", "log", 1): "log_x",
+    ("inverse_gamma", "x", -1): "inv_x",
+    ("inverse_gamma", "log", 1): "log_x",
+    ("beta", "log", 1): "log_x",
+    ("beta", "log1m", 1): "log1m_x",
+    ("dirichlet", "log", 1): "log_x",
+    ("wishart", "x", 1): "x",
+    ("wishart", "logdet", 1): "log_det_x",
+    ("categorical", "one_hot", 1): "one_hot",
+    (GAUSSIAN, "x", 1): "x",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class VarInfo:
+    """What the expectation needs to know about a variable's q.
+
+    ``kind``: ``"gaussian"``, ``"gamma"``, ``"inverse_gamma"``, ``"beta"``,
+    ``"dirichlet"``, ``"bernoulli"``, ``"categorical"`` or ``"wishart"``.
+    ``num_batch``: the leading axes of the value over which q factorises; the
+    remaining axes form one block (a full covariance for a Gaussian).
+    """
+
+    kind: str
+    shape: tuple[int, ...]
+    num_batch: int
+    num_categories: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StatRead:
+    var: str
+    stat: str
+    index: tuple[Index, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class StatTerm:
+    """``coeff * einsum(operand, reads...)`` summed over every label."""
+
+    coeff: float
+    operand: Optional[Operand]
+    reads: tuple[StatRead, ...]
+
+
+# ---------------------------------------------------------------------------
+# Pairing reads of one variable.
+
+
+def _as_array(index: Index, space: Labels) -> tuple[np.ndarray, tuple]:
+    if index.direct:
+        lab = index.labels[0]
+        return np.arange(space.size[lab]), index.labels
+    return np.asarray(index.array), index.labels
+
+
+def _coincide(a: tuple[Index, ...], b: tuple[Index, ...], space: Labels):
+    """Where do two positions (tuples of indices) coincide?
+
+    Returns ``("same", None)``, ``("never", None)``, ``("unify", subs)`` (the
+    positions coincide exactly when these labels are equal) or
+    ``("mask", operand)`` (a 0/1 constant over the labels involved).
+    """
+    if all(x.same_as(y) for x, y in zip(a, b)):
+        return "same", None
+    if all(x.direct and y.direct for x, y in zip(a, b)):
+        subs = {}
+        for x, y in zip(a, b):
+            if x.labels != y.labels:
+                subs[y.labels[0]] = Substitution(x.labels)
+        return "unify", subs
+    labels: list = []
+    for idx in a + b:
+        for lab in idx.labels:
+            if lab not in labels:
+                labels.append(lab)
+    shape = [space.size[lab] for lab in labels]
+    equal = np.ones(shape, bool)
+    for x, y in zip(a, b):
+        ex = _expand(x, labels, space)
+        ey = _expand(y, labels, space)
+        equal = equal & (ex == ey)
+    if not equal.any():
+        return "never", None
+    return "mask", Operand(equal.astype(float), tuple(labels))
+
+
+def _expand(index: Index, labels: list, space: Labels) -> np.ndarray:
+    array, own = _as_array(index, space)
+    order = [own.index(lab) for lab in labels if lab in own]
+    array = np.transpose(array, order) if array.ndim else array
+    shape = [space.size[lab] if lab in own else 1 for lab in labels]
+    return array.reshape(shape)
+
+
+def _reads_for_var(var: str, atoms: list[VarAtom], info: VarInfo, space: Labels):
+    """Split one variable's atoms in a term into alternatives.
+
+    Returns a list of ``(sign, extra_operand_or_subs, reads)``: the term's
+    expectation is the sum over alternatives of the product of the reads,
+    with the given label unification or mask applied to the whole term.
+    """
+    nb = info.num_batch
+    if info.kind == GAUSSIAN:
+        linear = []
+        for atom in atoms:
+            if atom.kind != "x" or atom.power not in (1, 2):
+                what = f"{atom.kind}({var!r})" if atom.kind != "x" else f"{var!r} ** {atom.power}"
+                raise NonConjugate(var, f"{what} is not a sufficient statistic of its Gaussian q")
+            linear += [atom] * int(atom.power)
+        if len(linear) > 2:
+            raise NonConjugate(var, f"a polynomial of degree {len(linear)} in {var!r} (Gaussian q: at most 2)")
+        if len(linear) == 1:
+            return [(1.0, None, (StatRead(var, "x", linear[0].index),))]
+        a, b = linear
+        status, extra = _coincide(a.index[:nb], b.index[:nb], space)
+        pair = StatRead(var, "xx", a.index + b.index[nb:])
+        if status == "same":
+            return [(1.0, None, (pair,))]
+        apart = (StatRead(var, "x", a.index), StatRead(var, "x", b.index))
+        if status == "never":
+            return [(1.0, None, apart)]
+        together = (StatRead(var, "x", a.index), StatRead(var, "x", a.index[:nb] + b.index[nb:]))
+        if status == "unify":
+            return [(1.0, None, apart), (1.0, extra, (pair,)), (-1.0, extra, together)]
+        return [(1.0, None, apart), (1.0, extra, (pair,)), (-1.0, extra, together)]
+    reads = []
+    for atom in atoms:
+        if info.kind == "bernoulli" and atom.kind == "x" and atom.power > 0 and atom.power.denominator == 1:
+            stat = "x"
+        else:
+            stat = _STATS.get((info.kind, atom.kind, int(atom.power) if atom.power.denominator == 1 else None))
+        if stat is None:
+            what = f"{atom.kind}({var!r})" if atom.kind != "x" else f"{var!r} ** {atom.power}"
+            raise NonConjugate(var, f"{what} is not a sufficient statistic of its {info.kind} q")
+        reads.append(StatRead(var, stat, atom.index))
+    if len(reads) == 1:
+        return [(1.0, None, tuple(reads))]
+    if info.kind == "categorical" and len(reads) == 2:
+        a, b = reads
+        value_axes = len(info.shape)
+        status, extra = _coincide(a.index[:value_axes], b.index[:value_axes], space)
+        if status == "same":
+            cat_status, cat_extra = _coincide(a.index[value_axes:], b.index[value_axes:], space)
+            if cat_status == "same":
+                return [(1.0, None, (a,))]
+            if cat_status == "never":
+                return []
+            return [(1.0, cat_extra, (a,))]
+        if status == "never":
+            return [(1.0, None, (a, b))]
+    for i, a in enumerate(reads):
+        for b in reads[i + 1 :]:
+            status, _ = _coincide(a.index[:nb], b.index[:nb], space)
+            if status != "never":
+                raise NonConjugate(var, f"a product of two statistics of {var!r} at one position is not a sufficient statistic of its {info.kind} q")
+    return [(1.0, None, tuple(reads))]
+
+
+def _apply(term_parts, extra):
+    """Apply a unification (dict) or a mask (Operand) to (operands, reads)."""
+    operands, reads = term_parts
+    if extra is None:
+        return operands, reads
+    if isinstance(extra, Operand):
+        return operands + (extra,), reads
+    tmp = Term(1.0, operands, tuple(VarAtom(r.var, r.stat, r.index) for r in reads))
+    tmp = substitute_term(tmp, extra)
+    return tmp.operands, tuple(StatRead(a.var, a.kind, a.index) for a in tmp.atoms)
+
+
+def resolve(poly: Poly, infos: Mapping[str, VarInfo], space: Labels) -> list[StatTerm]:
+    """Compile a scalar Poly into statistic terms (raises NonConjugate)."""
+    if poly.shape != ():
+        raise ValueError("resolve expects a scalar (summed) log factor")
+    poly = push_selectors(poly)
+    out: list[StatTerm] = []
+    for term in poly.terms:
+        term = normalize_term(term)
+        by_var: dict[str, list[VarAtom]] = {}
+        for atom in term.atoms:
+            if atom.var not in infos:
+                raise NonConjugate(atom.var, f"{atom.var!r} has no q in this analysis")
+            by_var.setdefault(atom.var, []).append(atom)
+        alternatives = [(term.coeff, term.operands, ())]
+        for var, atoms in by_var.items():
+            options = _reads_for_var(var, atoms, infos[var], space)
+            new = []
+            for coeff, operands, reads in alternatives:
+                for sign, extra, var_reads in options:
+                    ops, rds = _apply((operands, reads + var_reads), extra)
+                    new.append((coeff * sign, ops, rds))
+            alternatives = new
+        for coeff, operands, reads in alternatives:
+            out.append(_precontract(coeff, operands, reads, space))
+    return _merge(out)
+
+
+def _canonical(term: StatTerm):
+    """A key equal for terms that differ only in label names and coefficients."""
+    order: dict = {}
+    for read in term.reads:
+        for idx in read.index:
+            for lab in idx.labels:
+                order.setdefault(lab, len(order))
+    key = tuple(
+        (
+            r.var,
+            r.stat,
+            tuple(
+                (tuple(order[lab] for lab in idx.labels), None if idx.direct else (idx.array.shape, idx.array.tobytes()))
+                for idx in r.index
+            ),
+        )
+        for r in term.reads
+    )
+    return key, order
+
+
+def _merge(terms: list[StatTerm]) -> list[StatTerm]:
+    """Sum terms that read the same statistics at the same positions."""
+    groups: dict = {}
+    for term in terms:
+        key, order = _canonical(term)
+        if term.operand is None:
+            value = np.asarray(term.coeff)
+        else:
+            perm = sorted(range(len(term.operand.labels)), key=lambda i: order[term.operand.labels[i]])
+            value = term.coeff * np.transpose(np.asarray(term.operand.array, float), perm)
+            labels = tuple(sorted(order[lab] for lab in term.operand.labels))
+        labels = () if term.operand is None else labels
+        if key in groups:
+            first, total, total_labels = groups[key]
+            total, total_labels = _add_labelled(total, total_labels, value, labels)
+            groups[key] = (first, total, total_labels)
+        else:
+            groups[key] = (term, value, labels)
+    out = []
+    for key, (first, total, labels) in groups.items():
+        _, order = _canonical(first)
+        inverse = {v: k for k, v in order.items()}
+        if labels == () and np.ndim(total) == 0:
+            if float(total) != 0.0:
+                out.append(StatTerm(float(total), None, first.reads))
+            continue
+        out.append(StatTerm(1.0, Operand(total, tuple(inverse[lab] for lab in labels)), first.reads))
+    return out
+
+
+def _add_labelled(a, a_labels, b, b_labels):
+    """Add two arrays labelled by sorted label tuples (broadcasting missing ones)."""
+    labels = tuple(sorted(set(a_labels) | set(b_labels)))
+
+    def expand(x, own):
+        x = np.asarray(x, float)
+        dims = iter(x.shape)
+        return x.reshape([next(dims) if lab in own else 1 for lab in labels])
+
+    return expand(a, a_labels) + expand(b, b_labels), labels
+
+
+def _letters(labels_list):
+    mapping: dict = {}
+    for labels in labels_list:
+        for lab in labels:
+            if lab not in mapping:
+                mapping[lab] = string.ascii_letters[len(mapping)]
+    return mapping
+
+
+def _precontract(coeff, operands, reads, space: Labels) -> StatTerm:
+    """Contract the constant operands down to the labels the reads use."""
+    read_labels = set()
+    for r in reads:
+        for idx in r.index:
+            read_labels |= set(idx.labels)
+    op_labels = set()
+    for op in operands:
+        op_labels |= set(op.labels)
+    keep = [lab for lab in sorted(op_labels) if lab in read_labels]
+    if operands:
+        letters = _letters([op.labels for op in operands])
+        spec = ",".join("".join(letters[l] for l in op.labels) for op in operands)
+        spec += "->" + "".join(letters[l] for l in keep)
+        array = np.einsum(spec, *[np.asarray(op.array, float) for op in operands], optimize=True)
+        operand = Operand(array, tuple(keep))
+    else:
+        operand = None
+    return StatTerm(coeff, operand, tuple(reads))
+
+
+# ---------------------------------------------------------------------------
+# Evaluation (inside jit).
+
+
+def _read(mean: Mapping, read: StatRead):
+    array = mean[read.var][read.stat]
+    gather_axes = [i for i, idx in enumerate(read.index) if not idx.direct]
+    direct_axes = [i for i, idx in enumerate(read.index) if idx.direct]
+    labels: list = []
+    if gather_axes:
+        union: list = []
+        for i in gather_axes:
+            for lab in read.index[i].labels:
+                if lab not in union:
+                    union.append(lab)
+        moved = jnp.moveaxis(array, gather_axes, list(range(len(gather_axes))))
+        index_arrays = []
+        for i in gather_axes:
+            idx = read.index[i]
+            own = [lab for lab in union if lab in idx.labels]
+            arr = np.asarray(idx.array)
+            arr = np.transpose(arr, [idx.labels.index(lab) for lab in own]) if arr.ndim else arr
+            dims = iter(arr.shape)
+            index_arrays.append(arr.reshape([next(dims) if lab in own else 1 for lab in union]))
+        array = moved[tuple(index_arrays)]
+        labels = union + [read.index[i].labels[0] for i in direct_axes]
+    else:
+        labels = [read.index[i].labels[0] for i in direct_axes]
+    # Repeated labels read a diagonal (E[x_i^2] from E[x x^T]).
+    while len(set(labels)) < len(labels):
+        for p, lab in enumerate(labels):
+            q = labels.index(lab)
+            if q != p:
+                array = jnp.diagonal(array, axis1=q, axis2=p)
+                labels = [x for i, x in enumerate(labels) if i not in (q, p)] + [lab]
+                break
+    return array, labels
+
+
+def expected_value(terms: list[StatTerm], mean: Mapping):
+    """E_q[log f] from mean parameters (value layout dicts per variable)."""
+    total = 0.0
+    for term in terms:
+        arrays, label_lists = [], []
+        if term.operand is not None:
+            arrays.append(jnp.asarray(term.operand.array))
+            label_lists.append(list(term.operand.labels))
+        for read in term.reads:
+            array, labels = _read(mean, read)
+            arrays.append(array)
+            label_lists.append(labels)
+        if not arrays:
+            total = total + term.coeff
+            continue
+        letters = _letters(label_lists)
+        spec = ",".join("".join(letters[l] for l in labs) for labs in label_lists) + "->"
+        total = total + term.coeff * jnp.einsum(spec, *arrays, optimize="optimal" if len(arrays) < 5 else "greedy")
+    return total

@@ -1,0 +1,289 @@
+"""Polynomials in the values of latent variables, as sums of einsum terms.
+
+A symbolic array ``P`` of shape ``S`` stands for a function of the latent
+values. Each axis of ``P`` carries a *label*; each term of ``P`` is an einsum
+over its operands, summing every label that is not an output label:
+
+    P[l_1, ..., l_r] = sum_terms coeff * sum_{internal labels} prod(operands)
+
+Operands are constant arrays (data, already folded) or :class:`VarAtom`
+references to one latent variable: an elementwise function of the variable's
+value (``x ** p``, ``log x``, ``log(1 - x)``, ``log det x``, ``one_hot(z)``)
+read at positions given by one :class:`Index` per value axis. An index either
+*is* a label (the axis is read in step with that label) or a constant integer
+array over some labels (a gather, ``alpha[county_idx]``).
+
+A categorical latent used as an index (``mu[z]``) is enumerated, as NumPyro's
+enumeration does: the result gets a new label ``k`` over the categories and a
+*selector* ``one_hot(z)[..., k]`` that is common to all its terms, so that an
+elementwise function of the selected value acts per category (``log(sigma[z])
+= sum_k one_hot(z)_k log(sigma_k)``).
+
+Labels are plain integers from one :class:`Labels` space per analysis, which
+also records each label's size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from fractions import Fraction
+from typing import Optional, Sequence
+
+import numpy as np
+
+Label = int
+
+
+class NonConjugate(Exception):
+    """The expression is not affine in a variable's sufficient statistics."""
+
+    def __init__(self, var: Optional[str], reason: str):
+        super().__init__(reason)
+        self.var = var
+        self.reason = reason
+
+
+class Labels:
+    """A supply of fresh labels with their sizes."""
+
+    def __init__(self) -> None:
+        self._count = itertools.count()
+        self.size: dict[Label, int] = {}
+
+    def new(self, size: int) -> Label:
+        label = next(self._count)
+        self.size[label] = int(size)
+        return label
+
+    def fresh_like(self, label: Label) -> Label:
+        return self.new(self.size[label])
+
+
+@dataclasses.dataclass(frozen=True)
+class Index:
+    """How one axis of a variable's value is read.
+
+    ``array is None``: the axis is read in step with the single label
+    ``labels[0]``. Otherwise ``array`` is a constant integer array with one
+    dimension per label in ``labels`` (possibly none: a fixed position).
+    """
+
+    labels: tuple[Label, ...]
+    array: Optional[np.ndarray] = None
+
+    @property
+    def direct(self) -> bool:
+        return self.array is None
+
+    def same_as(self, other: "Index") -> bool:
+        if self.labels != other.labels or self.direct != other.direct:
+            return False
+        return self.direct or np.array_equal(self.array, other.array)
+
+
+@dataclasses.dataclass(frozen=True)
+class VarAtom:
+    """An elementwise statistic of one latent variable, read at an index.
+
+    ``kind`` is ``"x"`` (the value raised to ``power``), ``"log"``,
+    ``"log1m"`` (log(1 - x)), ``"logdet"`` (log |x| of a matrix variable; its
+    index covers the batch axes only) or ``"one_hot"`` (one extra index, over
+    the categories, follows the value axes).
+    """
+
+    var: str
+    kind: str
+    index: tuple[Index, ...]
+    power: Fraction = Fraction(1)
+
+    @property
+    def labels(self) -> set[Label]:
+        return {lab for idx in self.index for lab in idx.labels}
+
+    def same_position(self, other: "VarAtom") -> bool:
+        return (
+            self.var == other.var
+            and len(self.index) == len(other.index)
+            and all(a.same_as(b) for a, b in zip(self.index, other.index))
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+    """A constant array with one label per axis."""
+
+    array: np.ndarray
+    labels: tuple[Label, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Term:
+    """``coeff * einsum(operands, atoms)``; labels not in the output are summed."""
+
+    coeff: float
+    operands: tuple[Operand, ...] = ()
+    atoms: tuple[VarAtom, ...] = ()
+
+    @property
+    def labels(self) -> set[Label]:
+        out = {lab for op in self.operands for lab in op.labels}
+        for atom in self.atoms:
+            out |= atom.labels
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Poly:
+    """A symbolic array: ``sum(terms)`` times the product of ``selectors``.
+
+    ``labels`` are the output labels, one per axis of ``shape``. Selectors are
+    ``one_hot`` atoms of enumerated categorical variables whose category label
+    is free in every term (see the module docstring).
+    """
+
+    shape: tuple[int, ...]
+    labels: tuple[Label, ...]
+    terms: tuple[Term, ...]
+    selectors: tuple[VarAtom, ...] = ()
+
+    @property
+    def variables(self) -> set[str]:
+        out = {a.var for t in self.terms for a in t.atoms}
+        return out | {s.var for s in self.selectors}
+
+    @property
+    def is_constant(self) -> bool:
+        return not self.variables
+
+
+# ---------------------------------------------------------------------------
+# Label substitution.
+
+
+@dataclasses.dataclass(frozen=True)
+class Substitution:
+    """Replace a label by a gather: position = ``array`` over ``labels``.
+
+    ``array`` None means a plain rename to the single label ``labels[0]``.
+    """
+
+    labels: tuple[Label, ...]
+    array: Optional[np.ndarray] = None
+
+
+def _dedupe_axes(array: np.ndarray, labels: list[Label]) -> tuple[np.ndarray, list[Label]]:
+    """Take diagonals over repeated labels so each label appears once."""
+    while len(set(labels)) < len(labels):
+        seen: dict[Label, int] = {}
+        for pos, lab in enumerate(labels):
+            if lab in seen:
+                first = seen[lab]
+                array = np.diagonal(array, axis1=first, axis2=pos)
+                labels = [x for i, x in enumerate(labels) if i not in (first, pos)]
+                labels.append(lab)
+                break
+            seen[lab] = pos
+    return array, labels
+
+
+def _gather_axis(
+    array: np.ndarray, labels: list[Label], label: Label, sub: Substitution
+) -> tuple[np.ndarray, list[Label]]:
+    axis = labels.index(label)
+    if sub.array is None:
+        new_labels = list(labels)
+        new_labels[axis] = sub.labels[0]
+        return array, new_labels
+    moved = np.moveaxis(array, axis, 0)
+    taken = moved[sub.array]  # shape sub.array.shape + rest
+    rest = [lab for i, lab in enumerate(labels) if i != axis]
+    return taken, list(sub.labels) + rest
+
+
+def substitute_array(
+    array: np.ndarray, labels: Sequence[Label], subs: dict[Label, Substitution]
+) -> tuple[np.ndarray, tuple[Label, ...]]:
+    """Apply label substitutions to a labelled constant array."""
+    labels = list(labels)
+    array = np.asarray(array)
+    for label in [lab for lab in labels if lab in subs]:
+        array, labels = _gather_axis(array, labels, label, subs[label])
+        array, labels = _dedupe_axes(array, labels)
+    return array, tuple(labels)
+
+
+def _substitute_index(index: Index, subs: dict[Label, Substitution]) -> Index:
+    if not any(lab in subs for lab in index.labels):
+        return index
+    if index.direct:
+        sub = subs[index.labels[0]]
+        return Index(sub.labels, sub.array)
+    array, labels = substitute_array(index.array, index.labels, subs)
+    return simplify_index(Index(labels, array))
+
+
+def simplify_index(index: Index) -> Index:
+    """Drop labels an index array is constant along; turn aranges into renames."""
+    if index.direct:
+        return index
+    array, labels = index.array, list(index.labels)
+    keep = []
+    for axis in range(array.ndim):
+        first = np.take(array, [0], axis=axis)
+        if array.shape[axis] > 1 and not np.all(array == first):
+            keep.append(axis)
+    array = array[tuple(slice(None) if a in keep else 0 for a in range(array.ndim))]
+    labels = [labels[a] for a in keep]
+    if len(labels) == 1 and np.array_equal(array, np.arange(array.shape[0])):
+        return Index((labels[0],), None)
+    return Index(tuple(labels), np.asarray(array))
+
+
+def substitute_atom(atom: VarAtom, subs: dict[Label, Substitution]) -> VarAtom:
+    index = tuple(_substitute_index(idx, subs) for idx in atom.index)
+    return dataclasses.replace(atom, index=index)
+
+
+def substitute_term(term: Term, subs: dict[Label, Substitution]) -> Term:
+    operands = []
+    for op in term.operands:
+        array, labels = substitute_array(op.array, op.labels, subs)
+        operands.append(Operand(array, labels))
+    atoms = tuple(substitute_atom(a, subs) for a in term.atoms)
+    return Term(term.coeff, tuple(operands), atoms)
+
+
+def rename_internal(term: Term, keep: set[Label], space: Labels) -> Term:
+    """Give the term's summed labels fresh names (before combining two terms)."""
+    internal = term.labels - keep
+    if not internal:
+        return term
+    subs = {lab: Substitution((space.fresh_like(lab),)) for lab in internal}
+    return substitute_term(term, subs)
+
+
+def constant(value: np.ndarray, space: Labels) -> Poly:
+    """A constant array as a Poly (one term with one operand)."""
+    value = np.asarray(value)
+    labels = tuple(space.new(n) for n in value.shape)
+    if value.ndim == 0:
+        return Poly((), (), (Term(float(value)),))
+    return Poly(value.shape, labels, (Term(1.0, (Operand(value, labels),)),))
+
+
+def variable(name: str, shape: tuple[int, ...], space: Labels) -> Poly:
+    """The value of a latent variable as a Poly: one ``x`` atom, direct indices."""
+    labels = tuple(space.new(n) for n in shape)
+    atom = VarAtom(name, "x", tuple(Index((lab,)) for lab in labels))
+    return Poly(tuple(shape), labels, (Term(1.0, (), (atom,)),))
+
+
+def relabel(poly: Poly, labels: Sequence[Label]) -> Poly:
+    """Rename a Poly's output labels to ``labels`` (same sizes)."""
+    subs = {old: Substitution((new,)) for old, new in zip(poly.labels, labels) if old != new}
+    if not subs:
+        return poly
+    terms = tuple(substitute_term(t, subs) for t in poly.terms)
+    selectors = tuple(substitute_atom(s, subs) for s in poly.selectors)
+    return Poly(poly.shape, tuple(labels), terms, selectors)
