@@ -195,11 +195,10 @@ def log_density(fn: Any, value: Any) -> Any:
     """
     call: ConstructorCall = constructor_call(fn)
     name = call.cls.__name__
-    args = dict(call.arguments)
+    args = {k: v for k, v in call.arguments.items() if k != "validate_args"}
     if name == "ExpandedDistribution":
         base = args["base_dist"]
-        lp = log_density(base, value)
-        return jnp.broadcast_to(lp, fn.batch_shape)
+        return _broadcast(log_density(base, value), fn.batch_shape)
     if name == "Independent":
         base = args["base_dist"]
         lp = log_density(base, value)
@@ -213,8 +212,14 @@ def log_density(fn: Any, value: Any) -> Any:
             return lp if mask else jnp.zeros_like(lp)
         return jnp.where(mask, lp, 0.0)
     if name == "Unit":
-        return jnp.broadcast_to(args["log_factor"], fn.batch_shape)
+        return _broadcast(args["log_factor"], fn.batch_shape)
     density = _DENSITIES.get(name)
     if density is None:
         raise Unsupported(f"no canonical log density for {name}")
-    return jnp.broadcast_to(density(value, **args), fn.batch_shape)
+    return _broadcast(density(value, **args), fn.batch_shape)
+
+
+def _broadcast(log_prob: Any, batch_shape: tuple) -> Any:
+    """Broadcast to the batch shape; a value with more batch dims keeps them."""
+    shape = jnp.broadcast_shapes(jnp.shape(log_prob), tuple(batch_shape))
+    return jnp.broadcast_to(log_prob, shape)

@@ -48,6 +48,7 @@ from blrppl.symbolic.terms import (
 )
 
 GAUSSIAN = "gaussian"
+POINT = "point"
 
 # (family kind, atom kind, power) -> statistic name, for single reads.
 _STATS = {
@@ -155,6 +156,9 @@ def _reads_for_var(var: str, atoms: list[VarAtom], info: VarInfo, space: Labels)
     with the given label unification or mask applied to the whole term.
     """
     nb = info.num_batch
+    if info.kind == POINT:
+        # A point mass: E[f(x)] = f(x) for every f, so reads never interact.
+        return [(1.0, None, tuple(StatRead(var, _point_stat(a), a.index) for a in atoms))]
     if info.kind == GAUSSIAN:
         linear = []
         for atom in atoms:
@@ -209,6 +213,38 @@ def _reads_for_var(var: str, atoms: list[VarAtom], info: VarInfo, space: Labels)
             if status != "never":
                 raise NonConjugate(var, f"a product of two statistics of {var!r} at one position is not a sufficient statistic of its {info.kind} q")
     return [(1.0, None, tuple(reads))]
+
+
+def _point_stat(atom: VarAtom) -> str:
+    if atom.kind == "x":
+        return "x" if atom.power == 1 else f"x**{atom.power}"
+    if atom.kind in ("log", "log1m"):
+        return f"{atom.kind}_x"
+    if atom.kind == "logdet":
+        return "log_det_x"
+    raise NonConjugate(atom.var, f"{atom.kind}({atom.var!r}) of a point estimate")
+
+
+def stats_needed(terms: list[StatTerm], var: str) -> set[str]:
+    """The statistic names of ``var`` that ``terms`` read."""
+    return {r.stat for t in terms for r in t.reads if r.var == var}
+
+
+def point_stats(value, names) -> dict:
+    """Statistics of a point estimate ``x``: ``x``, ``x**p``, ``log_x``, ``log1m_x``, ``log_det_x``."""
+    out = {}
+    for name in names:
+        if name == "x":
+            out[name] = value
+        elif name.startswith("x**"):
+            out[name] = value ** float(Fraction(name[3:]))
+        elif name == "log_x":
+            out[name] = jnp.log(value)
+        elif name == "log1m_x":
+            out[name] = jnp.log1p(-value)
+        elif name == "log_det_x":
+            out[name] = jnp.linalg.slogdet(value)[1]
+    return out
 
 
 def _apply(term_parts, extra):

@@ -70,6 +70,10 @@ class Poisoned:
         self.reason = reason
 
 
+def _is_key(value: Any) -> bool:
+    return isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key)
+
+
 def _is_symbolic(value: Any) -> bool:
     return isinstance(value, (Poly, Poisoned))
 
@@ -129,10 +133,10 @@ class Interpreter:
             return env[v]
 
         for v, c in zip(jaxpr.constvars, consts):
-            env[v] = np.asarray(c) if not _is_symbolic(c) else c
+            env[v] = c if _is_symbolic(c) or _is_key(c) else np.asarray(c)
         for v, a in zip(jaxpr.invars, args):
             env[v] = a
-        for eqn in jaxpr.eqns:
+        for eqn in _live_equations(jaxpr):
             invals = [read(v) for v in eqn.invars]
             outvals = self._apply(eqn, invals)
             for v, out in zip(eqn.outvars, outvals):
@@ -142,9 +146,9 @@ class Interpreter:
     def _apply(self, eqn, invals):
         prim = eqn.primitive
         if not any(_is_symbolic(v) for v in invals):
-            out = prim.bind(*[jnp.asarray(v) for v in invals], **eqn.params)
+            out = prim.bind(*[v if _is_key(v) else jnp.asarray(v) for v in invals], **eqn.params)
             outs = out if prim.multiple_results else [out]
-            return [np.asarray(o) for o in outs]
+            return [o if _is_key(o) else np.asarray(o) for o in outs]
         name = prim.name
         if name in _CALLS:
             return self._call(eqn, invals)
@@ -402,6 +406,18 @@ def _index_dense(idx: Index, labels: Sequence, space: Labels) -> np.ndarray:
     arr = np.transpose(arr, order) if arr.ndim else arr
     dims = iter(arr.shape)
     return arr.reshape([next(dims) if lab in own else 1 for lab in labels])
+
+
+def _live_equations(jaxpr) -> list:
+    """The equations the outputs depend on (dead code, e.g. unused argument
+    validation in numpyro constructors, is skipped)."""
+    needed = {v for v in jaxpr.outvars if not isinstance(v, jex_core.Literal)}
+    live = []
+    for eqn in reversed(jaxpr.eqns):
+        if any(v in needed for v in eqn.outvars):
+            live.append(eqn)
+            needed.update(v for v in eqn.invars if not isinstance(v, jex_core.Literal))
+    return live[::-1]
 
 
 def _first_var(value: Any):

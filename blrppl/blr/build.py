@@ -1,0 +1,142 @@
+"""Specialise the Bayesian learning rule to one traced model.
+
+``build_blr`` closes over the static pieces (each variable's q, each factor's
+estimator, the mode and the schedule) and returns an
+:class:`~blrppl.blr.state.InferenceAlgorithm` of pure functions. Python loops
+over the (static) graph unroll when the step is traced; plates are handled
+inside each estimator's array arithmetic.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from blrppl.blr.elbo import elbo as elbo_fn
+from blrppl.blr.state import BLRInfo, BLRState, InferenceAlgorithm
+from blrppl.blr.update import global_update, local_update
+from blrppl.blr.variational import VariableQ
+from blrppl.estimators.base import FactorEstimator
+
+
+def mean_params(qs: Mapping[str, VariableQ], natural: Mapping[str, Any]) -> dict:
+    """μ = ∇A(λ) for every variable."""
+    return {v: qs[v].family.mean_params(natural[v]) for v in natural}
+
+
+def site_parameters(
+    rng_key: jax.Array,
+    estimators: Sequence[FactorEstimator],
+    mean: Mapping[str, Any],
+    params: Mapping[str, Any],
+    variables: Sequence[str],
+) -> dict[str, dict[str, Any]]:
+    """λ̃_f(μ) for every factor touching ``variables``: variable -> {factor -> λ̃}."""
+    out: dict[str, dict[str, Any]] = {v: {} for v in variables}
+    for i, est in enumerate(estimators):
+        touched = [v for v in est.neighbours if v in out]
+        if not touched:
+            continue
+        _, grads = est.estimate(jax.random.fold_in(rng_key, i), mean, params)
+        for v in touched:
+            out[v][est.factor] = grads[v]
+    return out
+
+
+def build_blr(
+    qs: Mapping[str, VariableQ],
+    estimators: Sequence[FactorEstimator],
+    *,
+    rho: Callable[[jax.Array], jax.Array],
+    init_natural: Callable[[jax.Array], dict],
+    init_params: Optional[Mapping[str, Any]] = None,
+    mode: str = "global",
+    schedule: str = "sequential",
+    order: Optional[Sequence[str]] = None,
+    m_step: Optional[Callable] = None,
+) -> InferenceAlgorithm:
+    """Build ``init`` and ``step`` for one model.
+
+    Args:
+      qs: variable name -> its q.
+      estimators: one per factor (priors included).
+      rho: the learning-rate schedule, called with the step number (from 1).
+      init_natural: ``rng_key -> natural`` parameters to start from.
+      init_params: initial point estimates (EM), name -> value.
+      mode: ``"global"`` (Eq. 58) or ``"local"`` (Eq. 60).
+      schedule: ``"sequential"`` (coordinate-wise over variables, in
+        ``order``) or ``"parallel"`` (all variables from the same q).
+      order: the sequential order (default: trace order).
+      m_step: ``(rng_key, natural, params) -> params``, EM's maximisation of
+        E_q[log p] over the point estimates, run after the q updates.
+
+    Returns:
+      The :class:`InferenceAlgorithm`.
+    """
+    if mode not in ("global", "local"):
+        raise ValueError(f"mode must be 'global' (Eq. 58) or 'local' (Eq. 60), got {mode!r}.")
+    if schedule not in ("sequential", "parallel"):
+        raise ValueError(f"schedule must be 'sequential' or 'parallel', got {schedule!r}.")
+    estimators = tuple(estimators)
+    order = tuple(order) if order is not None else tuple(qs)
+    init_params = dict(init_params or {})
+
+    def init(rng_key: jax.Array) -> BLRState:
+        natural = init_natural(rng_key)
+        sites: dict = {}
+        if mode == "local":
+            sites = _initial_sites(qs, estimators, natural)
+        return BLRState(natural=natural, site_params=sites, params=dict(init_params), step=jnp.zeros((), jnp.int32))
+
+    def update(rng_key, natural, sites, params, variables, r):
+        mean = mean_params(qs, natural)
+        messages = site_parameters(rng_key, estimators, mean, params, variables)
+        natural, sites = dict(natural), {f: dict(s) for f, s in sites.items()}
+        for v in variables:
+            if mode == "global":
+                natural[v] = global_update(natural[v], list(messages[v].values()), r)  # Eq. 58
+            else:
+                current = {f: sites[f][v] for f in messages[v]}
+                natural[v], new = local_update(current, messages[v], r)  # Eq. 60
+                for f, site in new.items():
+                    sites[f][v] = site
+        return natural, sites
+
+    def step(rng_key: jax.Array, state: BLRState) -> tuple[BLRState, BLRInfo]:
+        t = state.step + 1
+        r = jnp.asarray(rho(t), dtype=jnp.result_type(float))
+        update_key, m_key, elbo_key = jax.random.split(rng_key, 3)
+        natural, sites, params = state.natural, state.site_params, state.params
+        if schedule == "parallel":
+            natural, sites = update(update_key, natural, sites, params, order, r)
+        else:
+            for i, v in enumerate(order):
+                natural, sites = update(jax.random.fold_in(update_key, i), natural, sites, params, (v,), r)
+        if m_step is not None:
+            params = m_step(m_key, natural, params)
+        new_state = BLRState(natural=natural, site_params=sites, params=params, step=t)
+        return new_state, BLRInfo(elbo=elbo(elbo_key, new_state), rho=r)
+
+    def elbo(rng_key: jax.Array, state: BLRState) -> jax.Array:
+        return elbo_fn(rng_key, qs, estimators, state.natural, state.params)
+
+    return InferenceAlgorithm(init=init, step=step, elbo=elbo)
+
+
+def _initial_sites(qs, estimators, natural) -> dict:
+    """Local mode starts with all of λ on the variable's own prior factor."""
+    home = {}
+    for est in estimators:
+        for v in est.neighbours:
+            if est.factor == v or v not in home:
+                home[v] = est.factor
+    sites: dict = {est.factor: {} for est in estimators}
+    for est in estimators:
+        for v in est.neighbours:
+            if home[v] == est.factor:
+                sites[est.factor][v] = natural[v]
+            else:
+                sites[est.factor][v] = jax.tree.map(jnp.zeros_like, natural[v])
+    return sites

@@ -1,0 +1,51 @@
+"""States and algorithms of the functional core (blackjax ``base.py`` style)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+
+
+class BLRState(NamedTuple):
+    """Everything that changes between steps; a pytree.
+
+    Attributes:
+      natural: variable name -> λ, the natural parameters of its q.
+      site_params: local mode only: factor name -> {variable name -> λ̃},
+        one site parameter per (factor, variable) edge (Khan & Rue, Eq. 60);
+        ``{}`` in global mode.
+      params: point estimates (EM's delta method): name -> value in the
+        site's constrained space.
+      step: int32 scalar, the number of steps taken; learning-rate schedules
+        are called with ``step + 1`` (steps count from 1).
+    """
+
+    natural: dict
+    site_params: dict
+    params: dict
+    step: jax.Array
+
+
+class BLRInfo(NamedTuple):
+    """Per-step diagnostics that are not carried to the next step.
+
+    Attributes:
+      elbo: the ELBO of q after the step (higher is better).
+      rho: the learning rate the step used.
+    """
+
+    elbo: jax.Array
+    rho: jax.Array
+
+
+class InferenceAlgorithm(NamedTuple):
+    """A pair of pure functions, as blackjax's ``VIAlgorithm``.
+
+    ``init(rng_key) -> BLRState``; ``step(rng_key, state) -> (state, info)``;
+    ``elbo(rng_key, state) -> scalar``.
+    """
+
+    init: Callable[[jax.Array], BLRState]
+    step: Callable[[jax.Array, BLRState], tuple[BLRState, BLRInfo]]
+    elbo: Callable[[jax.Array, BLRState], Any]

@@ -1,0 +1,270 @@
+"""The shared engine: trace, choose estimators, build the core, run, wrap the result.
+
+Engines hold configuration only (numpyro ``SVI`` without its mutation of
+``self``): ``run`` traces the model, builds the functional core and returns
+everything it made inside the result, so an engine is reusable across data
+sets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+
+from blrppl.blr.build import build_blr, mean_params
+from blrppl.blr.driver import run as run_algorithm
+from blrppl.blr.schedules import as_schedule
+from blrppl.blr.variational import VariableQ, variable_q
+from blrppl.engines.init import initial_natural
+from blrppl.engines.mstep import build_m_step
+from blrppl.errors import ModelError
+from blrppl.estimators.base import FactorEstimator, example_latents, q_space_examples
+from blrppl.estimators.exact import exact_estimator
+from blrppl.graph.nodes import Edge, FactorGraph
+from blrppl.graph.trace import build_graph
+from blrppl.results import BLRResult
+from blrppl.symbolic.terms import NonConjugate
+
+ESTIMATORS = ("exact", "delta", "mc", "quadrature")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything ``run`` builds for one model: static, reusable for a resume."""
+
+    graph: FactorGraph
+    qs: dict[str, VariableQ]
+    estimators: tuple[FactorEstimator, ...]
+    init_params: dict[str, Any]
+    param_transforms: dict[str, Any]
+
+
+class Engine:
+    """The Bayesian learning rule engine (Khan & Rue, Eqs. 58 and 60).
+
+    Subclasses fix some options (Table 1 presets); this class checks them
+    and implements ``run`` and ``guide``.
+    """
+
+    #: Whether every factor must have an exact site parameter.
+    exact_only: bool = False
+
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        mode: str = "global",
+        schedule: str = "sequential",
+        learning_rate: Union[float, Callable] = 1.0,
+        estimator: Union[str, Mapping[str, str]] = "exact",
+        num_samples: int = 16,
+        families: Optional[Mapping[str, str]] = None,
+        blocks: Optional[Sequence[Sequence[str]]] = None,
+        point_estimates: Optional[Sequence[str]] = None,
+        init: Optional[Mapping[str, Any]] = None,
+        order: Optional[Sequence[str]] = None,
+    ):
+        if mode not in ("global", "local"):
+            raise ValueError(f"mode must be 'global' (Eq. 58) or 'local' (Eq. 60), got {mode!r}.")
+        if schedule not in ("sequential", "parallel"):
+            raise ValueError(f"schedule must be 'sequential' or 'parallel', got {schedule!r}.")
+        if not callable(learning_rate) and not 0.0 < float(learning_rate) <= 1.0:
+            raise ValueError(f"learning_rate must lie in (0, 1] or be a schedule, got {learning_rate}.")
+        choices = estimator.values() if isinstance(estimator, Mapping) else [estimator]
+        for choice in choices:
+            if choice not in ESTIMATORS:
+                raise ValueError(f"estimator must be one of {ESTIMATORS}, got {choice!r}.")
+        if int(num_samples) < 1:
+            raise ValueError(f"num_samples must be a positive integer, got {num_samples}.")
+        self.model = model
+        self.mode = mode
+        self.schedule = schedule
+        self.learning_rate = learning_rate
+        self.estimator = estimator
+        self.num_samples = int(num_samples)
+        self.families = dict(families or {})
+        self.blocks = [tuple(b) for b in (blocks or [])]
+        self.point_estimates = tuple(point_estimates or ())
+        self.init = dict(init or {})
+        self.order = tuple(order) if order is not None else None
+
+    # -- planning ---------------------------------------------------------------
+
+    def _estimator_choice(self, factor: str) -> str:
+        if isinstance(self.estimator, Mapping):
+            return self.estimator.get(factor, "exact")
+        return self.estimator
+
+    def plan(self, *model_args: Any, **model_kwargs: Any) -> Plan:
+        """Trace the model and choose every factor's estimator (no compilation)."""
+        graph = build_graph(self.model, model_args, model_kwargs, families=self.families or None)
+        self._check_options(graph)
+        qs = {name: variable_q(node, graph.plates) for name, node in graph.variables.items()}
+        transforms = {v: q.transform for v, q in qs.items() if q.transform is not None}
+        examples = q_space_examples(example_latents(graph), transforms)
+        init_params, param_transforms = _param_examples(graph)
+        estimators = []
+        for name in graph.factors:
+            estimators.append(self._factor_estimator(graph, name, qs, examples, init_params))
+        return Plan(graph, qs, tuple(estimators), init_params, param_transforms)
+
+    def _check_options(self, graph: FactorGraph) -> None:
+        for site in self.families:
+            if site not in graph.variables:
+                raise ModelError(f"site {site!r}: families names a site that is not a latent of the model; use one of {sorted(graph.variables)}.")
+        if self.blocks:
+            raise ModelError(
+                f"site {self.blocks[0][0]!r}: joint Gaussian blocks are not implemented yet; "
+                "remove blocks= to fit each site's own q."
+            )
+        if self.point_estimates:
+            raise ModelError(
+                f"site {self.point_estimates[0]!r}: point estimates of latent sample sites are not "
+                "implemented yet; declare the quantity with numpyro.param for EM."
+            )
+        if self.init:
+            raise ModelError(
+                f"site {next(iter(self.init))!r}: init= is not implemented yet; pass init_state= to run "
+                "to resume from a result."
+            )
+        if isinstance(self.estimator, Mapping):
+            for factor in self.estimator:
+                if factor not in graph.factors:
+                    raise ModelError(f"site {factor!r}: estimator names a factor the model does not have; use one of {sorted(graph.factors)}.")
+        if self.order is not None and sorted(self.order) != sorted(graph.variables):
+            raise ModelError(f"site {self.model.__name__!r}: order must list every latent variable once: {sorted(graph.variables)}; got {list(self.order)}.")
+
+    def _factor_estimator(self, graph, name, qs, examples, init_params) -> FactorEstimator:
+        choice = self._estimator_choice(name)
+        node = graph.factors[name]
+        if choice != "exact":
+            raise ModelError(
+                f"site {name!r}: the {choice!r} estimator is not implemented yet; "
+                "use estimator='exact' on conjugate factors."
+            )
+        try:
+            estimator = exact_estimator(graph, name, qs, examples, init_params)
+        except NonConjugate as error:
+            _record_verdicts(graph, name, qs, examples, init_params, error)
+            var = error.var
+            raise ModelError(
+                f"site {name!r}: the factor is not conjugate in {var!r} ({error.reason}); "
+                "use an engine with non-conjugate estimators (NonConjugateVI) or rewrite the model "
+                "with conjugate priors."
+            ) from None
+        for v in node.neighbours:
+            node.edges[v] = Edge(True, "exact site parameter")
+        return estimator
+
+    # -- running ------------------------------------------------------------------
+
+    def _rho(self):
+        return as_schedule(self.learning_rate)
+
+    def _m_step(self, plan: Plan):
+        return build_m_step(plan)
+
+    def run(
+        self,
+        rng_key: jax.Array,
+        num_steps: int,
+        *model_args: Any,
+        progress_bar: bool = True,
+        init_state: Any = None,
+        tol: Optional[float] = None,
+        **model_kwargs: Any,
+    ) -> BLRResult:
+        """Fit q to the model's posterior; see ``shared/API.md``.
+
+        Args:
+          rng_key: a JAX PRNG key (symmetry breaking, Monte Carlo estimators).
+          num_steps: the maximum number of BLR steps.
+          *model_args, **model_kwargs: the model's own arguments.
+          progress_bar: show a tqdm bar with the ELBO, like ``SVI.run``.
+          init_state: a ``result.state`` to resume from.
+          tol: stop once the ELBO changes by less than ``tol`` in one step.
+
+        Returns:
+          A :class:`~blrppl.results.BLRResult`.
+        """
+        plan = self.plan(*model_args, **model_kwargs)
+        algorithm = self.build(plan)
+        state, elbo = run_algorithm(
+            algorithm, rng_key, num_steps, init_state=init_state, tol=tol, progress_bar=progress_bar
+        )
+        return BLRResult(plan=plan, state=state, elbo=elbo, mode=self.mode)
+
+    def build(self, plan: Plan):
+        """The functional core for a plan (an ``InferenceAlgorithm``)."""
+        order = self.order or tuple(plan.qs)
+
+        def init_natural(rng_key):
+            return initial_natural(rng_key, plan)
+
+        return build_blr(
+            plan.qs,
+            plan.estimators,
+            rho=self._rho(),
+            init_natural=init_natural,
+            init_params=plan.init_params,
+            mode=self.mode,
+            schedule=self.schedule,
+            order=order,
+            m_step=self._m_step(plan) if plan.init_params else None,
+        )
+
+    def guide(self, result: BLRResult) -> Callable:
+        """A NumPyro guide that samples from the fitted q (for ``Predictive``)."""
+        return result.guide()
+
+
+def _param_examples(graph: FactorGraph) -> tuple[dict, dict]:
+    """Initial values (constrained) and transforms of ``numpyro.param`` sites."""
+    from numpyro.distributions.transforms import biject_to
+
+    values, transforms = {}, {}
+    for name, node in graph.params.items():
+        values[name] = jnp.asarray(node.init_value)
+        transforms[name] = biject_to(node.constraint)
+    return values, transforms
+
+
+def _record_verdicts(graph, name, qs, examples, init_params, error) -> None:
+    """Fill the factor's edges: the failing variable with its reason, and the rest.
+
+    The other neighbours are re-analysed with the failing variables held at
+    fixed values: an edge is conjugate when the factor is affine in that
+    variable's statistics whatever the others are.
+    """
+    node = graph.factors[name]
+    failing = {error.var: error.reason}
+    while True:
+        remaining = [v for v in node.neighbours if v not in failing]
+        if not remaining:
+            break
+        sub_qs = {v: qs[v] for v in remaining}
+        sub_graph_factor = dataclasses.replace(node, neighbours=tuple(remaining))
+        factors = dict(graph.factors)
+        factors[name] = sub_graph_factor
+        sub_graph = dataclasses.replace(graph, factors=factors)
+        try:
+            exact_estimator(sub_graph, name, {**qs, **sub_qs}, examples, init_params)
+            break
+        except NonConjugate as again:
+            if again.var in failing or again.var is None:
+                failing.update({v: again.reason for v in remaining})
+                break
+            failing[again.var] = again.reason
+    for v in node.neighbours:
+        if v in failing:
+            node.edges[v] = Edge(False, failing[v])
+        else:
+            node.edges[v] = Edge(True, "exact site parameter (given the other neighbours)")
+
+
+def posterior_means(plan: Plan, natural: Mapping[str, Any]) -> dict:
+    """Mean parameters of every variable (handy in tests and diagnostics)."""
+    return mean_params(plan.qs, natural)

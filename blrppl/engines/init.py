@@ -1,0 +1,68 @@
+"""Where q starts: the prior, pushed through the graph in trace order.
+
+Each variable starts at its prior factor's site parameter evaluated at the
+starting q of its parents (a hierarchical prior ``theta ~ N(mu, 1/sqrt(tau))``
+starts at N(E[mu], 1/E[tau])). Categorical latents start from random
+responsibilities drawn with the rng_key: exchangeable priors (mixture
+components) would otherwise leave VMP at the symmetric fixed point forever.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from blrppl.blr.build import mean_params
+from blrppl.errors import ModelError
+from blrppl.symbolic.expectation import GAUSSIAN
+
+
+def _placeholder(q, node) -> Any:
+    """A valid member of the variable's family with the right shapes."""
+    if q.kind == GAUSSIAN:
+        return q.example_natural()
+    if q.kind == "categorical":
+        return q.family.stats_type(one_hot=jnp.zeros(q.shape + (q.num_categories,)))
+    try:
+        natural = q.family.from_numpyro(node.prior)
+    except Exception as error:  # noqa: BLE001 - re-raised with the site named
+        raise ModelError(
+            f"site {q.name!r}: cannot start q ({q.family.name}) from the prior {type(node.prior).__name__} "
+            f"({error}); pass init_state= or choose another family."
+        ) from None
+    num_batch = len(q.family.batch_shape(natural))
+    return jax.tree.map(
+        lambda a: jnp.broadcast_to(a, q.batch_shape + jnp.shape(a)[num_batch:]), natural
+    )
+
+
+def initial_natural(rng_key: jax.Array, plan: Any) -> dict:
+    """Natural parameters to start from (see the module docstring)."""
+    qs, graph = plan.qs, plan.graph
+    natural = {v: _placeholder(q, graph.variables[v]) for v, q in qs.items()}
+    by_factor = {est.factor: est for est in plan.estimators}
+    for i, (v, q) in enumerate(qs.items()):
+        if q.kind == "categorical":
+            key = jax.random.fold_in(rng_key, i)
+            probs = jax.random.dirichlet(key, jnp.ones(q.num_categories), q.shape)
+            natural[v] = q.family.stats_type(one_hot=jnp.log(probs))
+            continue
+        priors = [
+            f for f, node in graph.factors.items() if node.kind == "prior" and node.neighbours[0] == v
+        ]
+        if not priors:
+            continue
+        mean = mean_params(qs, natural)
+        messages = []
+        for f in priors:
+            _, grads = by_factor[f].estimate(jax.random.fold_in(rng_key, i), mean, plan.init_params)
+            messages.append(grads[v])
+        natural[v] = jax.tree.map(lambda *xs: sum(xs[1:], xs[0]), *messages)
+        if not bool(jnp.all(q.family.is_valid(natural[v]))):
+            raise ModelError(
+                f"site {v!r}: its prior does not define a proper starting q ({q.family.name}); "
+                "give the site a proper prior."
+            )
+    return natural

@@ -1,0 +1,76 @@
+"""The exact estimator: symbolic E_q[log f] and its gradient (Khan & Rue, Eq. 54).
+
+For a conjugate-exponential factor, E_q[log f] under mean-field q is affine in
+each neighbour's mean parameters; :mod:`blrppl.symbolic` derives it from the
+model's own code once, and every step evaluates it with a few einsums. The
+site parameter is then literally ``jax.grad`` of it with respect to the
+neighbour's mean parameters: exact, with no sampling.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+
+from blrppl.estimators.base import FactorEstimator, factor_log_density
+from blrppl.graph.nodes import FactorGraph
+from blrppl.symbolic.canonical import Unsupported
+from blrppl.symbolic.analysis import analyse
+from blrppl.symbolic.expectation import POINT, VarInfo, expected_value, point_stats, stats_needed
+from blrppl.symbolic.terms import NonConjugate
+
+
+def exact_estimator(
+    graph: FactorGraph,
+    factor: str,
+    qs: Mapping[str, Any],
+    examples: Mapping[str, Any],
+    param_examples: Mapping[str, Any],
+) -> FactorEstimator:
+    """Build the exact estimator of one factor, or raise :class:`NonConjugate`.
+
+    Args:
+      graph: the traced model.
+      factor: the factor's name.
+      qs: variable name -> :class:`~blrppl.blr.variational.VariableQ`.
+      examples: latent values in q's space (for shapes, and the fixed values
+        of latents the factor does not touch).
+      param_examples: point-estimate name -> value (``numpyro.param`` sites
+        and sites estimated by the delta method are symbolic points).
+    """
+    node = graph.factors[factor]
+    neighbours = tuple(node.neighbours)
+    points = tuple(p for p in node.param_neighbours if p in param_examples)
+    transforms = {v: q.transform for v, q in qs.items() if q.transform is not None}
+    fixed = {k: v for k, v in examples.items() if k not in neighbours}
+    log_factor = factor_log_density(graph, factor, transforms, fixed)
+    infos = {v: qs[v].info for v in neighbours}
+    for p in points:
+        infos[p] = VarInfo(POINT, tuple(jax.numpy.shape(param_examples[p])), 0)
+
+    def symbolic(values):
+        latent = {k: values[k] for k in neighbours}
+        params = {k: values[k] for k in points}
+        return log_factor(latent, params)
+
+    example_values = {v: examples[v] for v in neighbours}
+    example_values.update({p: param_examples[p] for p in points})
+    try:
+        terms = analyse(symbolic, example_values, infos)
+    except Unsupported as error:
+        raise NonConjugate(neighbours[0] if neighbours else None, str(error)) from None
+    needed = {p: stats_needed(terms, p) for p in points}
+
+    def estimate(rng_key, mean, params):
+        del rng_key  # Exact: no randomness.
+        layout = {v: qs[v].to_value_layout(mean[v]) for v in neighbours}
+        point_layout = {p: point_stats(params[p], needed[p]) for p in points}
+
+        def expected(layout):
+            return expected_value(terms, {**layout, **point_layout})
+
+        value, grads = jax.value_and_grad(expected)(layout)
+        return value, {v: qs[v].from_value_layout(grads[v]) for v in neighbours}
+
+    return FactorEstimator(factor, neighbours, "exact", estimate)

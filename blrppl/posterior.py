@@ -1,0 +1,70 @@
+"""q as numpyro distributions in each site's own support.
+
+Families convert themselves (``family.to_numpyro``). A Gaussian on an
+unconstrained space is pushed through its transform; numpyro has no
+``mean``/``variance`` for such a distribution, so :class:`TransformedGaussian`
+computes them by Gauss-Hermite quadrature on each coordinate's marginal (exact
+to quadrature precision for elementwise transforms such as ``exp``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
+
+QUADRATURE_POINTS = 64
+
+
+class TransformedGaussian(dist.TransformedDistribution):
+    """A Gaussian pushed through an elementwise bijection, with moments.
+
+    Args:
+      loc, scale: the marginal means and standard deviations on the
+        unconstrained space (used for the moments).
+      base: the Gaussian (Normal or MultivariateNormal) on that space.
+      transform: the numpyro transform to the site's support.
+    """
+
+    def __init__(self, base, transform, loc, scale):
+        self._loc = loc
+        self._scale = scale
+        super().__init__(base, transform)
+
+    def _moment(self, power: int) -> Any:
+        nodes, weights = np.polynomial.hermite_e.hermegauss(QUADRATURE_POINTS)
+        weights = weights / math.sqrt(2.0 * math.pi)
+        u = self._loc[..., None] + self._scale[..., None] * nodes
+        values = self.transforms[0](u) if len(self.transforms) == 1 else _apply_all(self.transforms, u)
+        return jnp.sum(weights * values**power, axis=-1)
+
+    @property
+    def mean(self):
+        return self._moment(1)
+
+    @property
+    def variance(self):
+        m = self.mean
+        return self._moment(2) - m**2
+
+
+def _apply_all(transforms, u):
+    for t in transforms:
+        u = t(u)
+    return u
+
+
+def q_distribution(q: Any, natural: Any) -> dist.Distribution:
+    """The numpyro distribution of one variable's q, in the site's support."""
+    base = q.family.to_numpyro(natural)
+    if q.transform is None:
+        return base
+    if q.family.event_ndim == 0:
+        loc, scale = base.loc, base.scale
+    else:
+        loc = base.loc
+        scale = jnp.sqrt(jnp.diagonal(base.covariance_matrix, axis1=-2, axis2=-1))
+    return TransformedGaussian(base, q.transform, loc, scale)
