@@ -3,8 +3,24 @@
 The public surface is exactly the one in ``shared/API.md``.
 """
 
+from blrppl.engines.blr import BLR
+from blrppl.engines.conjugate import ConjugateBayes
+from blrppl.engines.em import EM
+from blrppl.engines.vmp import VMP
 from blrppl.errors import ModelError
+from blrppl.graph import FactorGraph, trace
+from blrppl.results import BLRResult
 
 __version__ = "0.1.0"
 
-__all__ = ["ModelError", "__version__"]
+__all__ = [
+    "BLR",
+    "BLRResult",
+    "ConjugateBayes",
+    "EM",
+    "FactorGraph",
+    "ModelError",
+    "VMP",
+    "__version__",
+    "trace",
+]

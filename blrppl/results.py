@@ -76,6 +76,12 @@ class BLRResult(NamedTuple):
         dets = jax.vmap(deterministic)(latents)
         return {**split_latents(graph, latents), **latents, **dets}
 
+    def to_arviz(self, rng_key: jax.Array | None = None, num_samples: int = 1000):
+        """The fit as ``arviz.InferenceData``: posterior draws, log likelihood, ELBO."""
+        from blrppl.arviz_io import to_arviz
+
+        return to_arviz(self, rng_key, num_samples)
+
     def guide(self) -> Callable:
         """A NumPyro guide drawing every latent site from q (for ``Predictive``)."""
         posterior = self.posterior

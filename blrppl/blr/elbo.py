@@ -30,6 +30,11 @@ def elbo(
     for i, est in enumerate(estimators):
         value, _ = est.estimate(jax.random.fold_in(rng_key, i), mean, params)
         total = total + value
-    for v, lam in natural.items():
-        total = total + jnp.sum(entropy(qs[v].family, lam))
+    for h in entropy_terms(qs, natural).values():
+        total = total + jnp.sum(h)
     return total
+
+
+def entropy_terms(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> dict:
+    """H[q_v] for every variable, batch shaped (one entry per independent block)."""
+    return {v: entropy(qs[v].family, lam) for v, lam in natural.items()}

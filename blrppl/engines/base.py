@@ -40,6 +40,7 @@ class Plan:
     estimators: tuple[FactorEstimator, ...]
     init_params: dict[str, Any]
     param_transforms: dict[str, Any]
+    subsample: Any = None  # SVI: the subsampled plate and its local variables
 
 
 class Engine:
@@ -101,6 +102,17 @@ class Engine:
     def plan(self, *model_args: Any, **model_kwargs: Any) -> Plan:
         """Trace the model and choose every factor's estimator (no compilation)."""
         graph = build_graph(self.model, model_args, model_kwargs, families=self.families or None)
+        for plate in graph.plates.values():
+            if plate.subsampled:
+                raise ModelError(
+                    f"site {plate.name!r}: the plate subsamples {plate.subsample_size} of {plate.size}; "
+                    "fit minibatch models with blrppl.SVI."
+                )
+        return self._plan_graph(graph)
+
+    def _plan_graph(self, graph: FactorGraph, observation_plates: Optional[Mapping[str, Any]] = None) -> Plan:
+        """Choose every factor's estimator for a traced graph."""
+        observation_plates = observation_plates or {}
         self._check_options(graph)
         qs = {name: variable_q(node, graph.plates) for name, node in graph.variables.items()}
         transforms = {v: q.transform for v, q in qs.items() if q.transform is not None}
@@ -108,7 +120,8 @@ class Engine:
         init_params, param_transforms = _param_examples(graph)
         estimators = []
         for name in graph.factors:
-            estimators.append(self._factor_estimator(graph, name, qs, examples, init_params))
+            plate = observation_plates.get(name)
+            estimators.append(self._factor_estimator(graph, name, qs, examples, init_params, plate))
         return Plan(graph, qs, tuple(estimators), init_params, param_transforms)
 
     def _check_options(self, graph: FactorGraph) -> None:
@@ -137,7 +150,7 @@ class Engine:
         if self.order is not None and sorted(self.order) != sorted(graph.variables):
             raise ModelError(f"site {self.model.__name__!r}: order must list every latent variable once: {sorted(graph.variables)}; got {list(self.order)}.")
 
-    def _factor_estimator(self, graph, name, qs, examples, init_params) -> FactorEstimator:
+    def _factor_estimator(self, graph, name, qs, examples, init_params, plate=None) -> FactorEstimator:
         choice = self._estimator_choice(name)
         node = graph.factors[name]
         if choice != "exact":
@@ -146,7 +159,7 @@ class Engine:
                 "use estimator='exact' on conjugate factors."
             )
         try:
-            estimator = exact_estimator(graph, name, qs, examples, init_params)
+            estimator = exact_estimator(graph, name, qs, examples, init_params, plate)
         except NonConjugate as error:
             _record_verdicts(graph, name, qs, examples, init_params, error)
             var = error.var
@@ -191,14 +204,19 @@ class Engine:
           A :class:`~blrppl.results.BLRResult`.
         """
         plan = self.plan(*model_args, **model_kwargs)
-        algorithm = self.build(plan)
+        algorithm = self.build(plan, rng_key)
         state, elbo = run_algorithm(
             algorithm, rng_key, num_steps, init_state=init_state, tol=tol, progress_bar=progress_bar
         )
         return BLRResult(plan=plan, state=state, elbo=elbo, mode=self.mode)
 
-    def build(self, plan: Plan):
-        """The functional core for a plan (an ``InferenceAlgorithm``)."""
+    def build(self, plan: Plan, rng_key: Optional[jax.Array] = None):
+        """The functional core for a plan (an ``InferenceAlgorithm``).
+
+        ``rng_key`` is used by engines that fix randomness for a whole run
+        (SVI's epoch permutations); the others ignore it.
+        """
+        del rng_key
         order = self.order or tuple(plan.qs)
 
         def init_natural(rng_key):

@@ -28,15 +28,19 @@ class FactorEstimator(NamedTuple):
       factor: the factor's name.
       neighbours: the variables it has site parameters for.
       method: ``"exact"``, ``"delta"``, ``"mc"`` or ``"quadrature"``.
-      estimate: ``(rng_key, mean, params) -> (value, site_params)`` where
-        ``mean`` maps variable names to family mean parameters and ``params``
-        maps point-estimate names to values.
+      estimate: ``(rng_key, mean, params, batch=None) -> (value, site_params)``
+        where ``mean`` maps variable names to family mean parameters,
+        ``params`` maps point-estimate names to values and ``batch`` (for a
+        factor in a subsampled plate) selects observations.
+      analysis: for the exact estimator, the symbolic
+        :class:`~blrppl.symbolic.expectation.Analysis`; else None.
     """
 
     factor: str
     neighbours: tuple[str, ...]
     method: str
-    estimate: Callable[[jax.Array, Mapping[str, Any], Mapping[str, Any]], tuple[Any, dict]]
+    estimate: Callable[..., tuple[Any, dict]]
+    analysis: Any = None
 
 
 def example_latents(graph: FactorGraph) -> dict[str, jax.Array]:
@@ -59,6 +63,7 @@ def factor_log_density(
     fixed: Mapping[str, Any],
     *,
     use_canonical: bool = True,
+    observation_plate: Any = None,
 ) -> Callable[[Mapping[str, Any], Mapping[str, Any]], jax.Array]:
     """``log f(values, params)``: one factor's log density summed over its plates.
 
@@ -68,7 +73,9 @@ def factor_log_density(
     in q's space. ``transforms`` maps every transformed variable to its
     transform.
     With ``use_canonical`` the density is the canonical one that the symbolic
-    analysis understands; otherwise numpyro's ``log_prob``.
+    analysis understands; otherwise numpyro's ``log_prob``. With an
+    ``observation_plate`` (a :class:`~blrppl.graph.nodes.Plate`), the result
+    is a vector over that plate's positions, summed over everything else.
     """
     node = graph.factors[factor]
     own = node.neighbours[0] if node.kind == "prior" else None
@@ -93,6 +100,10 @@ def factor_log_density(
             log_prob = jnp.where(site.mask, log_prob, 0.0)
         if site.scale is not None:
             log_prob = log_prob * site.scale
+        if observation_plate is not None:
+            axis = jnp.ndim(log_prob) + observation_plate.dim
+            log_prob = jnp.moveaxis(log_prob, axis, 0)
+            return jnp.sum(jnp.reshape(log_prob, (log_prob.shape[0], -1)), axis=1) + jacobian
         return jnp.sum(log_prob) + jacobian
 
     return log_factor

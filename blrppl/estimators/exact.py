@@ -27,6 +27,7 @@ def exact_estimator(
     qs: Mapping[str, Any],
     examples: Mapping[str, Any],
     param_examples: Mapping[str, Any],
+    observation_plate: Any = None,
 ) -> FactorEstimator:
     """Build the exact estimator of one factor, or raise :class:`NonConjugate`.
 
@@ -38,13 +39,16 @@ def exact_estimator(
         of latents the factor does not touch).
       param_examples: point-estimate name -> value (``numpyro.param`` sites
         and sites estimated by the delta method are symbolic points).
+      observation_plate: a subsampled plate the factor sits in; the analysis
+        then keeps its observations apart so that ``estimate(..., batch=idx)``
+        reads a minibatch (the unscaled minibatch sum).
     """
     node = graph.factors[factor]
     neighbours = tuple(node.neighbours)
     points = tuple(p for p in node.param_neighbours if p in param_examples)
     transforms = {v: q.transform for v, q in qs.items() if q.transform is not None}
     fixed = {k: v for k, v in examples.items() if k not in neighbours}
-    log_factor = factor_log_density(graph, factor, transforms, fixed)
+    log_factor = factor_log_density(graph, factor, transforms, fixed, observation_plate=observation_plate)
     infos = {v: qs[v].info for v in neighbours}
     for p in points:
         infos[p] = VarInfo(POINT, tuple(jax.numpy.shape(param_examples[p])), 0)
@@ -60,17 +64,17 @@ def exact_estimator(
         terms = analyse(symbolic, example_values, infos)
     except Unsupported as error:
         raise NonConjugate(neighbours[0] if neighbours else None, str(error)) from None
-    needed = {p: stats_needed(terms, p) for p in points}
+    needed = {p: stats_needed(terms.terms, p) for p in points}
 
-    def estimate(rng_key, mean, params):
+    def estimate(rng_key, mean, params, batch=None):
         del rng_key  # Exact: no randomness.
         layout = {v: qs[v].to_value_layout(mean[v]) for v in neighbours}
         point_layout = {p: point_stats(params[p], needed[p]) for p in points}
 
         def expected(layout):
-            return expected_value(terms, {**layout, **point_layout})
+            return expected_value(terms, {**layout, **point_layout}, batch)
 
         value, grads = jax.value_and_grad(expected)(layout)
         return value, {v: qs[v].from_value_layout(grads[v]) for v in neighbours}
 
-    return FactorEstimator(factor, neighbours, "exact", estimate)
+    return FactorEstimator(factor, neighbours, "exact", estimate, terms)

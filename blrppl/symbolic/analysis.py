@@ -7,7 +7,7 @@ from typing import Callable, Mapping
 import jax
 import numpy as np
 
-from blrppl.symbolic.expectation import StatTerm, VarInfo, resolve
+from blrppl.symbolic.expectation import Analysis, VarInfo, resolve
 from blrppl.symbolic.interpret import Interpreter, categorical_variable
 from blrppl.symbolic.terms import Labels, NonConjugate, Poly, Term, variable
 
@@ -16,20 +16,22 @@ def analyse(
     log_factor: Callable[[dict], jax.Array],
     example_values: Mapping[str, jax.Array],
     infos: Mapping[str, VarInfo],
-) -> list[StatTerm]:
+) -> Analysis:
     """Compile ``E_q[log_factor(values)]`` into statistic terms.
 
     Args:
       log_factor: a pure function from a dict of latent values to a scalar
-        (the factor's log density summed over its plates).
+        (the factor's log density summed over its plates), or to a vector over
+        the observations of one subsampled plate (summed over the rest).
       example_values: values with the right shapes and dtypes (e.g. a draw
         from the prior); only their shapes matter.
       infos: for every key of ``example_values``, its q (family kind and the
         axes q factorises over).
 
     Returns:
-      The statistic terms; :func:`~blrppl.symbolic.expectation.expected_value`
-      evaluates them from mean parameters.
+      The :class:`~blrppl.symbolic.expectation.Analysis`;
+      :func:`~blrppl.symbolic.expectation.expected_value` evaluates it from
+      mean parameters.
 
     Raises:
       NonConjugate: naming the variable and the reason.
@@ -52,12 +54,21 @@ def analyse(
     interpreter = Interpreter(space, categorical)
     (out,) = interpreter.run(closed, args)
     if not isinstance(out, Poly):
-        out = Poly((), (), (Term(float(np.sum(out))),))
-    if out.shape:
-        raise ValueError("log_factor must return a scalar")
+        out = np.asarray(out, float)
+        if out.ndim == 0:
+            out = Poly((), (), (Term(float(out)),))
+        else:
+            from blrppl.symbolic.terms import constant
+
+            out = constant(out, space)
+    if len(out.shape) > 1:
+        raise ValueError("log_factor must return a scalar or a vector over observations")
     for name in names:
         if infos[name].kind == "categorical" and any(
             a.var == name and a.kind == "cat" for t in out.terms for a in t.atoms
         ):
             raise NonConjugate(name, f"the categorical {name!r} is used as a number, not as an index")
-    return resolve(out, infos, space)
+    terms = resolve(out, infos, space)
+    if out.shape:
+        return Analysis(tuple(terms), out.labels[0], out.shape[0])
+    return Analysis(tuple(terms))

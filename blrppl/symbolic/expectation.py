@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import string
 from fractions import Fraction
-from typing import Mapping, Optional
+from typing import Mapping, NamedTuple, Optional
 
 import jax.numpy as jnp
 import numpy as np
@@ -91,11 +91,18 @@ class StatRead:
 
 @dataclasses.dataclass(frozen=True)
 class StatTerm:
-    """``coeff * einsum(operand, reads...)`` summed over every label."""
+    """``coeff * einsum(operand, reads...)`` summed over every label.
+
+    In a per-observation analysis (a factor in a subsampled plate), the
+    observation label is kept through pre-contraction so that a minibatch
+    can be read; a term that does not read it is the same for every
+    observation.
+    """
 
     coeff: float
     operand: Optional[Operand]
     reads: tuple[StatRead, ...]
+    obs_label: Optional[int] = None  # the kept observation label, if the term reads it
 
 
 # ---------------------------------------------------------------------------
@@ -109,7 +116,7 @@ def _as_array(index: Index, space: Labels) -> tuple[np.ndarray, tuple]:
     return np.asarray(index.array), index.labels
 
 
-def _coincide(a: tuple[Index, ...], b: tuple[Index, ...], space: Labels):
+def _coincide(a: tuple[Index, ...], b: tuple[Index, ...], space: Labels, protected=frozenset()):
     """Where do two positions (tuples of indices) coincide?
 
     Returns ``("same", None)``, ``("never", None)``, ``("unify", subs)`` (the
@@ -122,7 +129,10 @@ def _coincide(a: tuple[Index, ...], b: tuple[Index, ...], space: Labels):
         subs = {}
         for x, y in zip(a, b):
             if x.labels != y.labels:
-                subs[y.labels[0]] = Substitution(x.labels)
+                if y.labels[0] in protected:
+                    subs[x.labels[0]] = Substitution(y.labels)
+                else:
+                    subs[y.labels[0]] = Substitution(x.labels)
         return "unify", subs
     labels: list = []
     for idx in a + b:
@@ -148,7 +158,7 @@ def _expand(index: Index, labels: list, space: Labels) -> np.ndarray:
     return array.reshape(shape)
 
 
-def _reads_for_var(var: str, atoms: list[VarAtom], info: VarInfo, space: Labels):
+def _reads_for_var(var: str, atoms: list[VarAtom], info: VarInfo, space: Labels, protected=frozenset()):
     """Split one variable's atoms in a term into alternatives.
 
     Returns a list of ``(sign, extra_operand_or_subs, reads)``: the term's
@@ -171,7 +181,7 @@ def _reads_for_var(var: str, atoms: list[VarAtom], info: VarInfo, space: Labels)
         if len(linear) == 1:
             return [(1.0, None, (StatRead(var, "x", linear[0].index),))]
         a, b = linear
-        status, extra = _coincide(a.index[:nb], b.index[:nb], space)
+        status, extra = _coincide(a.index[:nb], b.index[:nb], space, protected)
         pair = StatRead(var, "xx", a.index + b.index[nb:])
         if status == "same":
             return [(1.0, None, (pair,))]
@@ -197,9 +207,9 @@ def _reads_for_var(var: str, atoms: list[VarAtom], info: VarInfo, space: Labels)
     if info.kind == "categorical" and len(reads) == 2:
         a, b = reads
         value_axes = len(info.shape)
-        status, extra = _coincide(a.index[:value_axes], b.index[:value_axes], space)
+        status, extra = _coincide(a.index[:value_axes], b.index[:value_axes], space, protected)
         if status == "same":
-            cat_status, cat_extra = _coincide(a.index[value_axes:], b.index[value_axes:], space)
+            cat_status, cat_extra = _coincide(a.index[value_axes:], b.index[value_axes:], space, protected)
             if cat_status == "same":
                 return [(1.0, None, (a,))]
             if cat_status == "never":
@@ -260,9 +270,15 @@ def _apply(term_parts, extra):
 
 
 def resolve(poly: Poly, infos: Mapping[str, VarInfo], space: Labels) -> list[StatTerm]:
-    """Compile a scalar Poly into statistic terms (raises NonConjugate)."""
-    if poly.shape != ():
-        raise ValueError("resolve expects a scalar (summed) log factor")
+    """Compile a Poly into statistic terms (raises NonConjugate).
+
+    ``poly`` is scalar (the log factor summed over its plates) or has one
+    axis, the observations of a subsampled plate, whose label is kept.
+    """
+    if len(poly.shape) > 1:
+        raise ValueError("resolve expects a scalar or a per-observation vector")
+    obs = poly.labels[0] if poly.shape else None
+    protected = frozenset([obs]) if obs is not None else frozenset()
     poly = push_selectors(poly)
     out: list[StatTerm] = []
     for term in poly.terms:
@@ -274,7 +290,7 @@ def resolve(poly: Poly, infos: Mapping[str, VarInfo], space: Labels) -> list[Sta
             by_var.setdefault(atom.var, []).append(atom)
         alternatives = [(term.coeff, term.operands, ())]
         for var, atoms in by_var.items():
-            options = _reads_for_var(var, atoms, infos[var], space)
+            options = _reads_for_var(var, atoms, infos[var], space, protected)
             new = []
             for coeff, operands, reads in alternatives:
                 for sign, extra, var_reads in options:
@@ -282,13 +298,13 @@ def resolve(poly: Poly, infos: Mapping[str, VarInfo], space: Labels) -> list[Sta
                     new.append((coeff * sign, ops, rds))
             alternatives = new
         for coeff, operands, reads in alternatives:
-            out.append(_precontract(coeff, operands, reads, space))
-    return _merge(out)
+            out.append(_precontract(coeff, operands, reads, space, obs))
+    return _merge(out, obs)
 
 
-def _canonical(term: StatTerm):
+def _canonical(term: StatTerm, obs=None):
     """A key equal for terms that differ only in label names and coefficients."""
-    order: dict = {}
+    order: dict = {} if obs is None else {obs: 0}
     for read in term.reads:
         for idx in read.index:
             for lab in idx.labels:
@@ -307,11 +323,11 @@ def _canonical(term: StatTerm):
     return key, order
 
 
-def _merge(terms: list[StatTerm]) -> list[StatTerm]:
+def _merge(terms: list[StatTerm], obs=None) -> list[StatTerm]:
     """Sum terms that read the same statistics at the same positions."""
     groups: dict = {}
     for term in terms:
-        key, order = _canonical(term)
+        key, order = _canonical(term, obs)
         if term.operand is None:
             value = np.asarray(term.coeff)
         else:
@@ -327,13 +343,16 @@ def _merge(terms: list[StatTerm]) -> list[StatTerm]:
             groups[key] = (term, value, labels)
     out = []
     for key, (first, total, labels) in groups.items():
-        _, order = _canonical(first)
+        _, order = _canonical(first, obs)
         inverse = {v: k for k, v in order.items()}
         if labels == () and np.ndim(total) == 0:
             if float(total) != 0.0:
-                out.append(StatTerm(float(total), None, first.reads))
+                out.append(StatTerm(float(total), None, first.reads, first.obs_label))
             continue
-        out.append(StatTerm(1.0, Operand(total, tuple(inverse[lab] for lab in labels)), first.reads))
+        operand = Operand(total, tuple(inverse[lab] for lab in labels))
+        reads_obs = any(obs in idx.labels for r in first.reads for idx in r.index)
+        obs_label = obs if (obs is not None and (obs in operand.labels or reads_obs)) else None
+        out.append(StatTerm(1.0, operand, first.reads, obs_label))
     return out
 
 
@@ -358,7 +377,7 @@ def _letters(labels_list):
     return mapping
 
 
-def _precontract(coeff, operands, reads, space: Labels) -> StatTerm:
+def _precontract(coeff, operands, reads, space: Labels, obs=None) -> StatTerm:
     """Contract the constant operands down to the labels the reads use."""
     read_labels = set()
     for r in reads:
@@ -367,7 +386,7 @@ def _precontract(coeff, operands, reads, space: Labels) -> StatTerm:
     op_labels = set()
     for op in operands:
         op_labels |= set(op.labels)
-    keep = [lab for lab in sorted(op_labels) if lab in read_labels]
+    keep = [lab for lab in sorted(op_labels) if lab in read_labels or lab == obs]
     if operands:
         letters = _letters([op.labels for op in operands])
         spec = ",".join("".join(letters[l] for l in op.labels) for op in operands)
@@ -376,37 +395,65 @@ def _precontract(coeff, operands, reads, space: Labels) -> StatTerm:
         operand = Operand(array, tuple(keep))
     else:
         operand = None
-    return StatTerm(coeff, operand, tuple(reads))
+    uses_obs = obs is not None and (obs in read_labels or obs in op_labels)
+    return StatTerm(coeff, operand, tuple(reads), obs if uses_obs else None)
 
 
 # ---------------------------------------------------------------------------
 # Evaluation (inside jit).
 
 
-def _read(mean: Mapping, read: StatRead):
+class Analysis(NamedTuple):
+    """The compiled expectation of one factor.
+
+    ``obs_label``/``obs_size``: for a per-observation analysis (a factor in a
+    subsampled plate), the kept observation label and the plate's full size;
+    otherwise None and 0.
+    """
+
+    terms: tuple
+    obs_label: Optional[int] = None
+    obs_size: int = 0
+
+
+def _take(array, labels: list, label, batch):
+    """Read ``array`` at ``batch`` positions along ``label`` (if it has it)."""
+    if batch is None or label not in labels:
+        return array
+    return jnp.take(array, batch, axis=labels.index(label))
+
+
+def _read(mean: Mapping, read: StatRead, obs=None, batch=None):
     array = mean[read.var][read.stat]
-    gather_axes = [i for i, idx in enumerate(read.index) if not idx.direct]
-    direct_axes = [i for i, idx in enumerate(read.index) if idx.direct]
-    labels: list = []
+    index = []
+    for idx in read.index:
+        if batch is not None and obs in idx.labels:
+            if idx.direct:
+                idx = Index(idx.labels, batch)
+            else:
+                idx = Index(idx.labels, _take(jnp.asarray(idx.array), list(idx.labels), obs, batch))
+        index.append(idx)
+    gather_axes = [i for i, idx in enumerate(index) if not idx.direct]
+    direct_axes = [i for i, idx in enumerate(index) if idx.direct]
     if gather_axes:
         union: list = []
         for i in gather_axes:
-            for lab in read.index[i].labels:
+            for lab in index[i].labels:
                 if lab not in union:
                     union.append(lab)
         moved = jnp.moveaxis(array, gather_axes, list(range(len(gather_axes))))
         index_arrays = []
         for i in gather_axes:
-            idx = read.index[i]
+            idx = index[i]
             own = [lab for lab in union if lab in idx.labels]
-            arr = np.asarray(idx.array)
-            arr = np.transpose(arr, [idx.labels.index(lab) for lab in own]) if arr.ndim else arr
-            dims = iter(arr.shape)
-            index_arrays.append(arr.reshape([next(dims) if lab in own else 1 for lab in union]))
+            arr = idx.array
+            arr = jnp.transpose(arr, [idx.labels.index(lab) for lab in own]) if jnp.ndim(arr) else arr
+            dims = iter(jnp.shape(arr))
+            index_arrays.append(jnp.reshape(arr, [next(dims) if lab in own else 1 for lab in union]))
         array = moved[tuple(index_arrays)]
-        labels = union + [read.index[i].labels[0] for i in direct_axes]
+        labels = union + [index[i].labels[0] for i in direct_axes]
     else:
-        labels = [read.index[i].labels[0] for i in direct_axes]
+        labels = [index[i].labels[0] for i in direct_axes]
     # Repeated labels read a diagonal (E[x_i^2] from E[x x^T]).
     while len(set(labels)) < len(labels):
         for p, lab in enumerate(labels):
@@ -418,22 +465,37 @@ def _read(mean: Mapping, read: StatRead):
     return array, labels
 
 
-def expected_value(terms: list[StatTerm], mean: Mapping):
-    """E_q[log f] from mean parameters (value layout dicts per variable)."""
+def expected_value(analysis, mean: Mapping, batch=None):
+    """E_q[log f] from mean parameters (value-layout dicts per variable).
+
+    Args:
+      analysis: an :class:`Analysis` (or a list of terms: a scalar analysis).
+      mean: variable name -> value-layout dict of mean parameters.
+      batch: for a per-observation analysis, the observations to read
+        (integer array, length M); the result is then the minibatch sum, not
+        rescaled. None reads all observations.
+    """
+    if not isinstance(analysis, Analysis):
+        analysis = Analysis(tuple(analysis))
+    obs = analysis.obs_label
+    count = analysis.obs_size if batch is None else jnp.shape(batch)[0]
     total = 0.0
-    for term in terms:
+    for term in analysis.terms:
         arrays, label_lists = [], []
         if term.operand is not None:
-            arrays.append(jnp.asarray(term.operand.array))
-            label_lists.append(list(term.operand.labels))
+            labels = list(term.operand.labels)
+            arrays.append(_take(jnp.asarray(term.operand.array), labels, obs, batch))
+            label_lists.append(labels)
         for read in term.reads:
-            array, labels = _read(mean, read)
+            array, labels = _read(mean, read, obs, batch)
             arrays.append(array)
             label_lists.append(labels)
+        multiplier = count if (obs is not None and term.obs_label is None) else 1
         if not arrays:
-            total = total + term.coeff
+            total = total + term.coeff * multiplier
             continue
         letters = _letters(label_lists)
         spec = ",".join("".join(letters[l] for l in labs) for labs in label_lists) + "->"
-        total = total + term.coeff * jnp.einsum(spec, *arrays, optimize="optimal" if len(arrays) < 5 else "greedy")
+        value = jnp.einsum(spec, *arrays, optimize="optimal" if len(arrays) < 5 else "greedy")
+        total = total + term.coeff * multiplier * value
     return total

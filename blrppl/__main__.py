@@ -1,0 +1,7 @@
+"""``python -m blrppl``: see :mod:`blrppl.cli`."""
+
+import sys
+
+from blrppl.cli import main
+
+sys.exit(main())

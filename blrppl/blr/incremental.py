@@ -1,0 +1,221 @@
+"""Local-mode (incremental) SVI: each observation keeps its latest site parameter.
+
+Eq. 60 with one site per observation: refreshing a minibatch replaces its
+observations' old contributions to a global variable's natural parameters by
+new ones. A per-observation contribution of factor f to variable v is, term by
+term of the symbolic expectation (:mod:`blrppl.symbolic.expectation`),
+
+    λ̃_{f,v,n} = ∂/∂μ_v einsum(op_t[n, ...], R_v(μ_v), W_t[n, ...])
+
+where ``op_t`` is the term's constant operand (data), ``R_v`` the term's read
+of v's mean parameters and ``W_t[n]`` the product of the term's reads of the
+*other* variables as they were when observation n was last visited. Only
+``W_t`` is stored per observation (a responsibility vector, a precision: the
+observation's own scale), never a copy of v's natural parameters; the sum over
+observations is kept as a running aggregate ``A_t = einsum(op_t, W_t)`` that
+each minibatch updates by its difference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from blrppl.blr.build import mean_params
+from blrppl.errors import ModelError
+from blrppl.symbolic.expectation import _letters, _read, _take
+
+
+@dataclasses.dataclass(frozen=True)
+class _TermStore:
+    factor: str
+    var: str
+    term: Any
+    v_read: Any
+    others: tuple
+    w_labels: tuple  # labels of W (observation label first)
+    a_labels: tuple  # labels of A (the labels of v's read)
+
+
+class IncrementalStore:
+    """Per-observation state of local-mode SVI (see the module docstring)."""
+
+    def __init__(self, qs, estimators, plate_factors, local_vars, obs_size):
+        self.qs = qs
+        self.estimators = tuple(estimators)
+        self.plate_factors = plate_factors
+        self.obs_size = obs_size
+        self.entries: dict[str, list[_TermStore]] = {}
+        for est in self.estimators:
+            if est.factor not in plate_factors:
+                continue
+            analysis = est.analysis
+            if analysis is None:
+                raise ModelError(
+                    f"site {est.factor!r}: incremental (local-mode) SVI needs exact site "
+                    "parameters for factors in the subsampled plate; use mode='global'."
+                )
+            for v in est.neighbours:
+                if v in local_vars:
+                    continue
+                self.entries.setdefault(v, [])
+                for term in analysis.terms:
+                    v_reads = [r for r in term.reads if r.var == v]
+                    if not v_reads:
+                        continue
+                    if len(v_reads) > 1:
+                        raise ModelError(
+                            f"site {v!r}: factor {est.factor!r} couples {v!r} with itself across "
+                            "positions; incremental SVI needs one read per term; use mode='global'."
+                        )
+                    others = tuple(r for r in term.reads if r.var != v)
+                    obs = analysis.obs_label
+                    w_labels = [obs]
+                    for r in others:
+                        for idx in r.index:
+                            for lab in idx.labels:
+                                if lab not in w_labels:
+                                    w_labels.append(lab)
+                    a_labels = []
+                    for idx in v_reads[0].index:
+                        for lab in idx.labels:
+                            if lab not in a_labels:
+                                a_labels.append(lab)
+                    self.entries[v].append(
+                        _TermStore(est.factor, v, term, v_reads[0], others, tuple(w_labels), tuple(a_labels))
+                    )
+        self.obs_label = {
+            est.factor: est.analysis.obs_label for est in self.estimators if est.factor in plate_factors
+        }
+
+    # -- shapes ---------------------------------------------------------------
+
+    def _label_sizes(self, entry: _TermStore, mean) -> dict:
+        """Sizes of W's and A's labels (from the reads at full size)."""
+        sizes = {}
+        obs = self.obs_label[entry.factor]
+        sizes[obs] = self.obs_size
+        for r in entry.others + (entry.v_read,):
+            array, labels = _read(mean_layout(self.qs, mean, r.var), r)
+            for lab, n in zip(labels, jnp.shape(array)):
+                sizes[lab] = n
+        if entry.term.operand is not None:
+            for lab, n in zip(entry.term.operand.labels, jnp.shape(entry.term.operand.array)):
+                sizes[lab] = n
+        return sizes
+
+    def init(self, natural: Mapping[str, Any], params: Mapping[str, Any]) -> dict:
+        """Empty per-observation stores (no observation visited yet).
+
+        Factors outside the plate start at their site parameters under the
+        starting q.
+        """
+        mean = mean_params(self.qs, natural)
+        store = {}
+        for v, entries in self.entries.items():
+            for i, entry in enumerate(entries):
+                sizes = self._label_sizes(entry, mean)
+                w = jnp.zeros([sizes[lab] for lab in entry.w_labels])
+                a = jnp.zeros([sizes[lab] for lab in entry.a_labels])
+                store[f"{v}/{i}"] = {"W": w, "A": a}
+        outside = {}
+        for v in self.entries:
+            for est in self.estimators:
+                if v in est.neighbours and est.factor not in self.plate_factors:
+                    _, grads = est.estimate(jax.random.key(0), mean, params)
+                    outside[f"{est.factor}/{v}"] = grads[v]
+        store["_outside"] = outside
+        return store
+
+    # -- one refresh ------------------------------------------------------------
+
+    def _w_batch(self, entry: _TermStore, mean, batch) -> jax.Array:
+        """The product of the other reads at the minibatch, labelled ``w_labels``."""
+        obs = self.obs_label[entry.factor]
+        arrays, label_lists = [], []
+        for r in entry.others:
+            array, labels = _read(mean_layout(self.qs, mean, r.var), r, obs, batch)
+            arrays.append(array)
+            label_lists.append(labels)
+        out_labels = list(entry.w_labels)
+        shape_m = jnp.shape(batch)[0]
+        arrays.append(jnp.ones((shape_m,)))
+        label_lists.append([obs])
+        letters = _letters(label_lists + [out_labels])
+        spec = ",".join("".join(letters[l] for l in labs) for labs in label_lists)
+        spec += "->" + "".join(letters[l] for l in out_labels)
+        return jnp.einsum(spec, *arrays)
+
+    def _a_delta(self, entry: _TermStore, w_delta, batch) -> jax.Array:
+        obs = self.obs_label[entry.factor]
+        arrays, label_lists = [w_delta], [list(entry.w_labels)]
+        if entry.term.operand is not None:
+            labels = list(entry.term.operand.labels)
+            arrays.append(_take(jnp.asarray(entry.term.operand.array), labels, obs, batch))
+            label_lists.append(labels)
+        out = list(entry.a_labels)
+        letters = _letters(label_lists + [out])
+        spec = ",".join("".join(letters[l] for l in labs) for labs in label_lists)
+        spec += "->" + "".join(letters[l] for l in out)
+        return entry.term.coeff * jnp.einsum(spec, *arrays)
+
+    def refresh(self, rng_key, mean, params, v, batch, store, rho):
+        """Refresh the minibatch's sites for global variable ``v``; return (λ_v, store)."""
+        store = dict(store)
+        outside = dict(store["_outside"])
+        q = self.qs[v]
+        # Factors outside the plate: their site parameter, damped (Eq. 60).
+        total = None
+        for i, est in enumerate(self.estimators):
+            if v not in est.neighbours or est.factor in self.plate_factors:
+                continue
+            _, grads = est.estimate(jax.random.fold_in(rng_key, i), mean, params)
+            key = f"{est.factor}/{v}"
+            site = jax.tree.map(lambda s, g: (1.0 - rho) * s + rho * g, outside[key], grads[v])  # Eq. 60
+            outside[key] = site
+            total = site if total is None else jax.tree.map(jnp.add, total, site)
+        store["_outside"] = outside
+        # Factors in the plate: swap the minibatch's stored contributions.
+        aggregates = []
+        for i, entry in enumerate(self.entries.get(v, [])):
+            key = f"{v}/{i}"
+            obs = self.obs_label[entry.factor]
+            w_old = jnp.take(store[key]["W"], batch, axis=0)
+            w_new = (1.0 - rho) * w_old + rho * self._w_batch(entry, mean, batch)
+            delta = self._a_delta(entry, w_new - w_old, batch)
+            a = store[key]["A"]
+            if obs in entry.a_labels:
+                axis = entry.a_labels.index(obs)
+                a = jnp.moveaxis(jnp.moveaxis(a, axis, 0).at[batch].add(jnp.moveaxis(delta, axis, 0)), 0, axis)
+            else:
+                a = a + delta
+            store[key] = {"W": store[key]["W"].at[batch].set(w_new), "A": a}
+            aggregates.append((entry, a))
+        if aggregates:
+
+            def expected(layout):
+                value = 0.0
+                for entry, a in aggregates:
+                    array, labels = _read({v: layout}, entry.v_read)
+                    letters = _letters([list(entry.a_labels), labels])
+                    spec = "".join(letters[l] for l in entry.a_labels) + "," + "".join(letters[l] for l in labels) + "->"
+                    value = value + jnp.einsum(spec, a, array)
+                return value
+
+            grads = jax.grad(expected)(q.to_value_layout(mean[v]))
+            site = q.from_value_layout(grads)
+            total = site if total is None else jax.tree.map(jnp.add, total, site)
+        return total, store
+
+
+def mean_layout(qs, mean, var):
+    """One variable's mean parameters in value layout, as a dict for ``_read``."""
+    return {var: qs[var].to_value_layout(mean[var])}
+
+
+def build_store(qs, estimators, plate_factors, local_vars, obs_size) -> IncrementalStore:
+    """The incremental store of a plan (raises ModelError where it cannot apply)."""
+    return IncrementalStore(qs, estimators, plate_factors, frozenset(local_vars), obs_size)
