@@ -6,7 +6,9 @@ The public surface is exactly the one in ``shared/API.md``.
 from blrppl.engines.blr import BLR
 from blrppl.engines.conjugate import ConjugateBayes
 from blrppl.engines.em import EM
+from blrppl.engines.svi import SVI
 from blrppl.engines.vmp import VMP
+from blrppl import blr
 from blrppl.errors import ModelError
 from blrppl.graph import FactorGraph, trace
 from blrppl.results import BLRResult
@@ -20,6 +22,7 @@ __all__ = [
     "EM",
     "FactorGraph",
     "ModelError",
+    "SVI",
     "VMP",
     "__version__",
     "trace",

@@ -90,6 +90,13 @@ def build_svi(
 
     def init(rng_key):
         natural = init_natural(rng_key)
+        if local:
+            # The local latents start from symmetry-breaking responsibilities;
+            # one full coordinate step of the globals carries that start over
+            # (otherwise the first local step would erase it).
+            for i, v in enumerate(globals_):
+                msgs = messages(jax.random.fold_in(rng_key, i), natural, init_params, v, None)
+                natural[v] = jax.tree.map(lambda *xs: sum(xs[1:], xs[0]), *[g for _, g, _ in msgs])
         sites = incremental.init(natural, init_params) if incremental is not None else {}
         return BLRState(natural=natural, site_params=sites, params=dict(init_params), step=jnp.zeros((), jnp.int32))
 

@@ -2,9 +2,12 @@
 
 Each variable starts at its prior factor's site parameter evaluated at the
 starting q of its parents (a hierarchical prior ``theta ~ N(mu, 1/sqrt(tau))``
-starts at N(E[mu], 1/E[tau])). Categorical latents start from random
-responsibilities drawn with the rng_key: exchangeable priors (mixture
-components) would otherwise leave VMP at the symmetric fixed point forever.
+starts at N(E[mu], 1/E[tau])). Categorical latents break the symmetry of
+exchangeable priors (mixture components), which would otherwise leave VMP at
+the symmetric fixed point forever: when the latent indexes observations
+(``y_n ~ f(mu[z_n])``), its responsibilities start from k-means++ seeding on
+those observations (Arthur & Vassilvitskii 2007) with the rng_key; otherwise
+from random responsibilities.
 """
 
 from __future__ import annotations
@@ -46,7 +49,9 @@ def initial_natural(rng_key: jax.Array, plan: Any) -> dict:
     for i, (v, q) in enumerate(qs.items()):
         if q.kind == "categorical":
             key = jax.random.fold_in(rng_key, i)
-            probs = jax.random.dirichlet(key, jnp.ones(q.num_categories), q.shape)
+            probs = _kmeans_responsibilities(key, graph, v, q)
+            if probs is None:
+                probs = jax.random.dirichlet(key, jnp.ones(q.num_categories), q.shape)
             natural[v] = q.family.stats_type(one_hot=jnp.log(probs))
             continue
         priors = [
@@ -66,3 +71,28 @@ def initial_natural(rng_key: jax.Array, plan: Any) -> dict:
                 "give the site a proper prior."
             )
     return natural
+
+
+def _kmeans_responsibilities(rng_key, graph, var, q):
+    """Responsibilities from k-means++ seeding on the observations ``var`` indexes."""
+    if len(q.shape) != 1:
+        return None
+    size, num = q.shape[0], q.num_categories
+    for node in graph.factors.values():
+        if node.kind != "likelihood" or var not in node.neighbours or node.value is None:
+            continue
+        data = jnp.asarray(node.value, jnp.result_type(float))
+        if data.ndim == 0 or data.shape[0] != size or not bool(jnp.all(jnp.isfinite(data))):
+            continue
+        points = jnp.reshape(data, (size, -1))
+        points = (points - points.mean(0)) / (points.std(0) + 1e-12)
+        keys = jax.random.split(rng_key, num)
+        centres = [points[jax.random.randint(keys[0], (), 0, size)]]
+        for k in range(1, num):
+            distance = jnp.min(jnp.stack([jnp.sum((points - c) ** 2, -1) for c in centres]), 0)
+            choice = jax.random.choice(keys[k], size, p=distance / jnp.sum(distance))
+            centres.append(points[choice])
+        distance = jnp.stack([jnp.sum((points - c) ** 2, -1) for c in centres], -1)
+        hard = jax.nn.one_hot(jnp.argmin(distance, -1), num)
+        return 0.9 * hard + 0.1 / num
+    return None

@@ -63,7 +63,9 @@ def build_m_step(plan: Any) -> Callable:
             accept = jnp.isfinite(new_value) & (new_value >= value)
             new_flat = jnp.where(accept, flat + step * direction, flat)
             new_value = jnp.where(accept, new_value, value)
-            converged = (new_value - value) <= 1e-12 * (1.0 + jnp.abs(value))
+            # Stop once Newton's step no longer moves the parameters.
+            moved = jnp.max(jnp.abs(new_flat - flat)) / (1.0 + jnp.max(jnp.abs(flat)))
+            converged = moved <= 4.0 * jnp.finfo(flat.dtype).eps
             return new_flat, new_value, i + 1, converged
 
         def cond(carry):

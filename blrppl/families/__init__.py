@@ -1,0 +1,55 @@
+"""Exponential families for q: natural <-> mean <-> usual parameters, A, entropy, KL.
+
+Each family is an :class:`ExpFamily` value (a NamedTuple of pure functions) over
+one ``*Stats`` NamedTuple shared by λ, μ and T(x). Look families up by name with
+:func:`get_family`; :data:`FAMILIES` lists them all.
+"""
+
+from blrppl.families.base import ExpFamily, entropy, family_inner, kl_divergence
+from blrppl.families.bernoulli import BERNOULLI, BernoulliStats
+from blrppl.families.beta import BETA, BetaStats
+from blrppl.families.categorical import CATEGORICAL, CategoricalStats
+from blrppl.families.dirichlet import DIRICHLET, DirichletStats
+from blrppl.families.gamma import GAMMA, GammaStats
+from blrppl.families.inverse_gamma import INVERSE_GAMMA, InverseGammaStats
+from blrppl.families.mvn import MULTIVARIATE_NORMAL, MVNStats
+from blrppl.families.normal import DIAGONAL_NORMAL, NORMAL, NormalStats
+from blrppl.families.point_mass import PointMass
+from blrppl.families.registry import (
+    FAMILIES,
+    family_for_distribution,
+    get_family,
+    prior_natural,
+)
+from blrppl.families.wishart import WISHART, WishartStats
+
+__all__ = [
+    "BERNOULLI",
+    "BETA",
+    "CATEGORICAL",
+    "DIAGONAL_NORMAL",
+    "DIRICHLET",
+    "FAMILIES",
+    "GAMMA",
+    "INVERSE_GAMMA",
+    "MULTIVARIATE_NORMAL",
+    "NORMAL",
+    "WISHART",
+    "BernoulliStats",
+    "BetaStats",
+    "CategoricalStats",
+    "DirichletStats",
+    "ExpFamily",
+    "GammaStats",
+    "InverseGammaStats",
+    "MVNStats",
+    "NormalStats",
+    "PointMass",
+    "WishartStats",
+    "entropy",
+    "family_for_distribution",
+    "family_inner",
+    "get_family",
+    "kl_divergence",
+    "prior_natural",
+]

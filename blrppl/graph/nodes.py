@@ -176,3 +176,15 @@ class FactorGraph:
     model: Callable
     model_args: tuple
     model_kwargs: dict
+
+    def to_networkx(self) -> Any:
+        """The graph as a bipartite ``networkx.Graph`` (see :mod:`blrppl.graph.networkx`)."""
+        from blrppl.graph.networkx import to_networkx
+
+        return to_networkx(self)
+
+    def draw(self, ax: Any = None, **kwargs: Any) -> Any:
+        """Draw the graph with matplotlib (graphviz layout when installed); returns the Axes."""
+        from blrppl.graph.networkx import draw
+
+        return draw(self, ax, **kwargs)

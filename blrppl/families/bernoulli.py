@@ -1,0 +1,125 @@
+"""The Bernoulli family over {0, 1}.
+
+    q(x = 1) = p,   T(x) = x,   λ = logit p,   μ = sigmoid(λ) = p,
+    A(λ) = softplus(λ) = log(1 + e^λ),   h(x) = 1.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpyro.distributions as dist
+from numpyro.distributions import constraints
+
+from blrppl._types import Array, ArrayLike, PRNGKey
+from blrppl.families import _util
+from blrppl.families.base import ExpFamily
+
+
+class BernoulliStats(NamedTuple):
+    """T(x) = x; λ = logit p; μ = p."""
+
+    x: Array
+
+
+def sufficient_stats(x: ArrayLike) -> BernoulliStats:
+    """Return T(x) = x as a float."""
+    (x,) = _util.as_floats(x)
+    return BernoulliStats(x=x)
+
+
+def log_base_measure(x: ArrayLike) -> Array:
+    """Return log h(x) = 0."""
+    (x,) = _util.as_floats(x)
+    return jnp.zeros_like(x)
+
+
+def expected_log_base_measure(natural: BernoulliStats) -> Array:
+    """Return E_q[log h(x)] = 0."""
+    return jnp.zeros_like(natural.x)
+
+
+def log_normalizer(natural: BernoulliStats) -> Array:
+    """Return A(λ) = softplus(λ)."""
+    return jax.nn.softplus(natural.x)
+
+
+def mean_params(natural: BernoulliStats) -> BernoulliStats:
+    """Return μ = sigmoid(λ) = p."""
+    return BernoulliStats(x=jax.nn.sigmoid(natural.x))
+
+
+def natural_params(mean: BernoulliStats) -> BernoulliStats:
+    """Return λ = logit μ = log μ - log(1 - μ)."""
+    return BernoulliStats(x=jnp.log(mean.x) - jnp.log1p(-mean.x))
+
+
+def from_usual(
+    probs: ArrayLike | None = None, logits: ArrayLike | None = None
+) -> BernoulliStats:
+    """Return λ = logit p from exactly one of ``probs`` or ``logits``.
+
+    Example:
+        >>> from_usual(probs=0.5)
+        BernoulliStats(x=Array(0., dtype=float64))
+    """
+    if (probs is None) == (logits is None):
+        raise ValueError("give exactly one of probs or logits.")
+    if probs is not None:
+        (probs,) = _util.as_floats(probs)
+        return natural_params(BernoulliStats(x=probs))
+    (logits,) = _util.as_floats(logits)
+    return BernoulliStats(x=logits)
+
+
+def to_usual(natural: BernoulliStats) -> dict[str, Array]:
+    """Return ``{"probs": sigmoid(λ)}``."""
+    return {"probs": jax.nn.sigmoid(natural.x)}
+
+
+def from_numpyro(d: dist.Distribution) -> BernoulliStats:
+    """Return λ of a numpyro ``Bernoulli`` (probs or logits)."""
+    base = _util.unwrap(d)
+    if not isinstance(base, (dist.BernoulliProbs, dist.BernoulliLogits)):
+        raise _util.not_in_family(d, "Bernoulli")
+    nat = from_usual(logits=base.logits)
+    return BernoulliStats(x=jnp.broadcast_to(nat.x, _util.target_batch_shape(d, 0)))
+
+
+def to_numpyro(natural: BernoulliStats) -> dist.BernoulliLogits:
+    """Return ``dist.Bernoulli(logits=λ)``."""
+    return dist.BernoulliLogits(natural.x)
+
+
+def sample(rng_key: PRNGKey, natural: BernoulliStats, sample_shape: tuple = ()) -> Array:
+    """Draw integer 0/1 values as numpyro does, shape ``sample_shape + batch_shape``."""
+    return to_numpyro(natural).sample(rng_key, tuple(sample_shape))
+
+
+def is_valid(natural: BernoulliStats) -> Array:
+    """Return λ finite, elementwise."""
+    return jnp.isfinite(natural.x)
+
+
+BERNOULLI = ExpFamily(
+    name="Bernoulli",
+    stats_type=BernoulliStats,
+    event_ndim=0,
+    support=constraints.boolean,
+    sufficient_stats=sufficient_stats,
+    log_base_measure=log_base_measure,
+    expected_log_base_measure=expected_log_base_measure,
+    log_normalizer=log_normalizer,
+    mean_params=mean_params,
+    natural_params=natural_params,
+    from_usual=from_usual,
+    to_usual=to_usual,
+    from_numpyro=from_numpyro,
+    to_numpyro=to_numpyro,
+    sample=sample,
+    is_valid=is_valid,
+    batch_shape=lambda natural: tuple(jnp.shape(natural.x)),
+)
+"""Bernoulli over {0, 1}; λ is the logit."""

@@ -1,0 +1,139 @@
+"""The Beta family on (0, 1).
+
+    q(x) = Beta(x | α, β) = x^{α-1} (1 - x)^{β-1} / B(α, β),
+    T(x) = (log x, log(1 - x)),   λ = (α - 1, β - 1),
+    μ = (ψ(α) - ψ(α + β), ψ(β) - ψ(α + β)),
+    A(λ) = log Γ(α) + log Γ(β) - log Γ(α + β),   h(x) = 1.
+
+The Beta family is the K = 2 Dirichlet on (x, 1 - x); μ → λ reuses the
+Dirichlet Newton solver (``dirichlet.solve_dirichlet``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpyro.distributions as dist
+from jax.scipy.special import digamma, gammaln
+from numpyro.distributions import constraints
+
+from blrppl._types import Array, ArrayLike, PRNGKey
+from blrppl.families import _util
+from blrppl.families.base import ExpFamily
+from blrppl.families.dirichlet import solve_dirichlet
+
+
+class BetaStats(NamedTuple):
+    """T(x) = (log x, log(1 - x)); λ = (α - 1, β - 1)."""
+
+    log_x: Array
+    log1m_x: Array
+
+
+def _concentrations(natural: BetaStats) -> tuple[Array, Array]:
+    return natural.log_x + 1.0, natural.log1m_x + 1.0
+
+
+def sufficient_stats(x: ArrayLike) -> BetaStats:
+    """Return T(x) = (log x, log(1 - x))."""
+    (x,) = _util.as_floats(x)
+    return BetaStats(log_x=jnp.log(x), log1m_x=jnp.log1p(-x))
+
+
+def log_base_measure(x: ArrayLike) -> Array:
+    """Return log h(x) = 0."""
+    (x,) = _util.as_floats(x)
+    return jnp.zeros_like(x)
+
+
+def expected_log_base_measure(natural: BetaStats) -> Array:
+    """Return E_q[log h(x)] = 0."""
+    return jnp.zeros_like(natural.log_x)
+
+
+def log_normalizer(natural: BetaStats) -> Array:
+    """Return A(λ) = log Γ(α) + log Γ(β) - log Γ(α + β)."""
+    a, b = _concentrations(natural)
+    return gammaln(a) + gammaln(b) - gammaln(a + b)
+
+
+def mean_params(natural: BetaStats) -> BetaStats:
+    """Return μ = (ψ(α) - ψ(α + β), ψ(β) - ψ(α + β))."""
+    a, b = _concentrations(natural)
+    total = digamma(a + b)
+    return BetaStats(log_x=digamma(a) - total, log1m_x=digamma(b) - total)
+
+
+def natural_params(mean: BetaStats) -> BetaStats:
+    """Return λ from μ by the K = 2 Dirichlet Newton solver."""
+    alpha = solve_dirichlet(jnp.stack([mean.log_x, mean.log1m_x], axis=-1))
+    return BetaStats(log_x=alpha[..., 0] - 1.0, log1m_x=alpha[..., 1] - 1.0)
+
+
+def from_usual(concentration1: ArrayLike, concentration0: ArrayLike) -> BetaStats:
+    """Return λ of numpyro's Beta(concentration1=α, concentration0=β).
+
+    Example:
+        >>> from_usual(2.0, 3.0)
+        BetaStats(log_x=Array(1., dtype=float64), log1m_x=Array(2., dtype=float64))
+    """
+    a, b = jnp.broadcast_arrays(*_util.as_floats(concentration1, concentration0))
+    return BetaStats(log_x=a - 1.0, log1m_x=b - 1.0)
+
+
+def to_usual(natural: BetaStats) -> dict[str, Array]:
+    """Return ``{"concentration1": α, "concentration0": β}``."""
+    a, b = _concentrations(natural)
+    return {"concentration1": a, "concentration0": b}
+
+
+def from_numpyro(d: dist.Distribution) -> BetaStats:
+    """Return λ of a numpyro ``Beta``."""
+    base = _util.unwrap(d)
+    if not isinstance(base, dist.Beta):
+        raise _util.not_in_family(d, "Beta")
+    nat = from_usual(base.concentration1, base.concentration0)
+    shape = _util.target_batch_shape(d, 0)
+    return jax.tree.map(lambda v: jnp.broadcast_to(v, shape), nat)
+
+
+def to_numpyro(natural: BetaStats) -> dist.Beta:
+    """Return ``dist.Beta(α, β)``."""
+    return dist.Beta(*_concentrations(natural))
+
+
+def sample(rng_key: PRNGKey, natural: BetaStats, sample_shape: tuple = ()) -> Array:
+    """Draw x ~ Beta(α, β), shape ``sample_shape + batch_shape``."""
+    a, b = _concentrations(natural)
+    shape = tuple(sample_shape) + jnp.shape(a)
+    return jax.random.beta(rng_key, a, b, shape, dtype=a.dtype)
+
+
+def is_valid(natural: BetaStats) -> Array:
+    """Return α > 0 and β > 0 (λ > -1), elementwise."""
+    a, b = _concentrations(natural)
+    return jnp.isfinite(a) & jnp.isfinite(b) & (a > 0) & (b > 0)
+
+
+BETA = ExpFamily(
+    name="Beta",
+    stats_type=BetaStats,
+    event_ndim=0,
+    support=constraints.unit_interval,
+    sufficient_stats=sufficient_stats,
+    log_base_measure=log_base_measure,
+    expected_log_base_measure=expected_log_base_measure,
+    log_normalizer=log_normalizer,
+    mean_params=mean_params,
+    natural_params=natural_params,
+    from_usual=from_usual,
+    to_usual=to_usual,
+    from_numpyro=from_numpyro,
+    to_numpyro=to_numpyro,
+    sample=sample,
+    is_valid=is_valid,
+    batch_shape=lambda natural: tuple(jnp.shape(natural.log_x)),
+)
+"""Beta(concentration1 α, concentration0 β) over (0, 1)."""

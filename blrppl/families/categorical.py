@@ -1,0 +1,152 @@
+"""The Categorical family over {0, ..., K-1}.
+
+    q(x = k) = π_k,   T(x) = one_hot(x) ∈ {0, 1}^K,   λ = log π + c,
+    μ = softmax(λ) = π,   A(λ) = log Σₖ exp λ_k,   h(x) = 1.
+
+The parametrisation is overcomplete: λ and λ + c·1 are the same distribution, so
+only K - 1 natural parameters are free and the Fisher matrix ∇²A is singular
+along 1 (positive definite on any K - 1 coordinates). ``from_usual``,
+``from_numpyro`` and ``natural_params`` return the representative with A(λ) = 0,
+λ = log π.
+
+.. warning::
+    A value x is an integer category (event_ndim 0, as in numpyro), but its
+    statistic has a trailing K axis, so ``sufficient_stats`` needs
+    ``num_categories``. A category with π_k = 0 has λ_k = -∞.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpyro.distributions as dist
+from numpyro.distributions import constraints
+
+from blrppl._types import Array, ArrayLike, PRNGKey
+from blrppl.families import _util
+from blrppl.families.base import ExpFamily
+
+
+class CategoricalStats(NamedTuple):
+    """T(x) = one_hot(x), shape (..., K); λ = log π (+ const); μ = π."""
+
+    one_hot: Array
+
+
+def sufficient_stats(x: ArrayLike, num_categories: int | None = None) -> CategoricalStats:
+    """Return T(x) = one_hot(x, K) for integer categories ``x``.
+
+    Args:
+        x: integer categories, any shape.
+        num_categories: K, required (the value alone does not determine it).
+
+    Raises:
+        TypeError: if ``num_categories`` is missing.
+    """
+    if num_categories is None:
+        raise TypeError("Categorical sufficient_stats needs num_categories=K.")
+    return CategoricalStats(
+        one_hot=jax.nn.one_hot(x, num_categories, dtype=jnp.result_type(float))
+    )
+
+
+def log_base_measure(x: ArrayLike) -> Array:
+    """Return log h(x) = 0, shaped like ``x``."""
+    return jnp.zeros(jnp.shape(x), jnp.result_type(float))
+
+
+def expected_log_base_measure(natural: CategoricalStats) -> Array:
+    """Return E_q[log h(x)] = 0."""
+    return jnp.zeros(natural.one_hot.shape[:-1], natural.one_hot.dtype)
+
+
+def log_normalizer(natural: CategoricalStats) -> Array:
+    """Return A(λ) = log Σₖ exp λ_k."""
+    return jax.nn.logsumexp(natural.one_hot, axis=-1)
+
+
+def mean_params(natural: CategoricalStats) -> CategoricalStats:
+    """Return μ = softmax(λ) = π."""
+    return CategoricalStats(one_hot=jax.nn.softmax(natural.one_hot, axis=-1))
+
+
+def natural_params(mean: CategoricalStats) -> CategoricalStats:
+    """Return λ = log μ (the representative with A(λ) = 0 when Σμ = 1)."""
+    return CategoricalStats(one_hot=jnp.log(mean.one_hot))
+
+
+def from_usual(
+    probs: ArrayLike | None = None, logits: ArrayLike | None = None
+) -> CategoricalStats:
+    """Return λ = log π from exactly one of ``probs`` or (unnormalised) ``logits``.
+
+    Example:
+        >>> from_usual(probs=jnp.array([0.5, 0.5]))
+        CategoricalStats(one_hot=Array([-0.69314718, -0.69314718], dtype=float64))
+    """
+    if (probs is None) == (logits is None):
+        raise ValueError("give exactly one of probs or logits.")
+    if probs is not None:
+        (probs,) = _util.as_floats(probs)
+        return CategoricalStats(one_hot=jnp.log(probs / probs.sum(-1, keepdims=True)))
+    (logits,) = _util.as_floats(logits)
+    return CategoricalStats(one_hot=jax.nn.log_softmax(logits, axis=-1))
+
+
+def to_usual(natural: CategoricalStats) -> dict[str, Array]:
+    """Return ``{"probs": softmax(λ)}``."""
+    return {"probs": jax.nn.softmax(natural.one_hot, axis=-1)}
+
+
+def from_numpyro(d: dist.Distribution) -> CategoricalStats:
+    """Return λ of a numpyro ``Categorical`` (probs or logits)."""
+    base = _util.unwrap(d)
+    if not isinstance(base, (dist.CategoricalProbs, dist.CategoricalLogits)):
+        raise _util.not_in_family(d, "Categorical")
+    nat = from_usual(logits=base.logits)
+    shape = _util.target_batch_shape(d, 0) + nat.one_hot.shape[-1:]
+    return CategoricalStats(one_hot=jnp.broadcast_to(nat.one_hot, shape))
+
+
+def to_numpyro(natural: CategoricalStats) -> dist.CategoricalLogits:
+    """Return ``dist.Categorical(logits=λ)``."""
+    return dist.CategoricalLogits(natural.one_hot)
+
+
+def sample(
+    rng_key: PRNGKey, natural: CategoricalStats, sample_shape: tuple = ()
+) -> Array:
+    """Draw integer categories, shape ``sample_shape + batch_shape``."""
+    shape = tuple(sample_shape) + natural.one_hot.shape[:-1]
+    return jax.random.categorical(rng_key, natural.one_hot, axis=-1, shape=shape)
+
+
+def is_valid(natural: CategoricalStats) -> Array:
+    """Return no λ_k is NaN or +∞ and at least one is finite, batch shaped."""
+    lam = natural.one_hot
+    allowed = jnp.all(~jnp.isnan(lam) & (lam < jnp.inf), axis=-1)
+    return allowed & jnp.any(jnp.isfinite(lam), axis=-1)
+
+
+CATEGORICAL = ExpFamily(
+    name="Categorical",
+    stats_type=CategoricalStats,
+    event_ndim=0,
+    support=constraints.nonnegative_integer,
+    sufficient_stats=sufficient_stats,
+    log_base_measure=log_base_measure,
+    expected_log_base_measure=expected_log_base_measure,
+    log_normalizer=log_normalizer,
+    mean_params=mean_params,
+    natural_params=natural_params,
+    from_usual=from_usual,
+    to_usual=to_usual,
+    from_numpyro=from_numpyro,
+    to_numpyro=to_numpyro,
+    sample=sample,
+    is_valid=is_valid,
+    batch_shape=lambda natural: tuple(natural.one_hot.shape[:-1]),
+)
+"""Categorical over {0, ..., K-1}; λ shaped (..., K)."""

@@ -1,0 +1,210 @@
+"""The full-covariance multivariate Normal family.
+
+    q(x) = N(x | m, Σ),  Λ = Σ⁻¹,   T(x) = (x, x xᵀ),   λ = (Λm, -Λ/2),
+    μ = (m, Σ + m mᵀ),
+    A(λ) = ½ λ₁ᵀ Λ⁻¹ λ₁ - ½ log|Λ| + (d/2) log 2π,   h(x) = 1,
+
+with Λ = -(λ₂ + λ₂ᵀ), so only the symmetric part of λ₂ matters and ∇_{λ₂}A is
+symmetric. Every formula goes through one Cholesky factor; no explicit inverse of
+an unfactorised matrix is formed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpyro.distributions as dist
+from jax.scipy.linalg import solve_triangular
+from numpyro.distributions import constraints
+
+from blrppl._types import Array, ArrayLike, PRNGKey
+from blrppl.families import _util
+from blrppl.families.base import ExpFamily
+
+
+class MVNStats(NamedTuple):
+    """T(x) = (x, x xᵀ), shapes (..., d) and (..., d, d); λ = (Λm, -Λ/2); μ = (m, Σ + m mᵀ)."""
+
+    x: Array
+    xxT: Array
+
+
+def _precision(natural: MVNStats) -> Array:
+    return -(natural.xxT + jnp.swapaxes(natural.xxT, -1, -2))
+
+
+def _precision_chol(natural: MVNStats) -> tuple[Array, Array]:
+    """Return (lower Cholesky factor of Λ, λ₁ broadcast to its batch shape)."""
+    chol = jnp.linalg.cholesky(_precision(natural))
+    eta = jnp.broadcast_to(natural.x, chol.shape[:-1])
+    return chol, eta
+
+
+def _loc_cov(natural: MVNStats) -> tuple[Array, Array]:
+    chol, eta = _precision_chol(natural)
+    cov = _util.cholesky_inverse(chol)
+    loc = jnp.einsum("...ij,...j->...i", cov, eta)
+    return loc, cov
+
+
+def sufficient_stats(x: ArrayLike) -> MVNStats:
+    """Return T(x) = (x, x xᵀ)."""
+    (x,) = _util.as_floats(x)
+    return MVNStats(x=x, xxT=_util.outer(x))
+
+
+def log_base_measure(x: ArrayLike) -> Array:
+    """Return log h(x) = 0, shaped like the batch of ``x``."""
+    (x,) = _util.as_floats(x)
+    return jnp.zeros(jnp.shape(x)[:-1], x.dtype)
+
+
+def expected_log_base_measure(natural: MVNStats) -> Array:
+    """Return E_q[log h(x)] = 0."""
+    return jnp.zeros(jnp.shape(natural.x)[:-1], natural.x.dtype)
+
+
+def log_normalizer(natural: MVNStats) -> Array:
+    """Return A(λ) = ½ |L⁻¹λ₁|² - Σᵢ log Lᵢᵢ + (d/2) log 2π with Λ = L Lᵀ."""
+    chol, eta = _precision_chol(natural)
+    whitened = solve_triangular(chol, eta[..., None], lower=True)[..., 0]
+    d = eta.shape[-1]
+    return (
+        0.5 * jnp.sum(whitened**2, axis=-1)
+        - 0.5 * _util.cholesky_log_det(chol)
+        + 0.5 * d * math.log(2 * math.pi)
+    )
+
+
+def mean_params(natural: MVNStats) -> MVNStats:
+    """Return μ = ∇A(λ) = (m, Σ + m mᵀ), Σ = Λ⁻¹, m = Σλ₁."""
+    loc, cov = _loc_cov(natural)
+    return MVNStats(x=loc, xxT=cov + _util.outer(loc))
+
+
+def natural_params(mean: MVNStats) -> MVNStats:
+    """Return λ = (Λm, -Λ/2) with m = μ₁, Σ = μ₂ - μ₁μ₁ᵀ (symmetrised), Λ = Σ⁻¹."""
+    cov = _util.symmetrize(mean.xxT - _util.outer(mean.x))
+    precision = _util.cholesky_inverse(jnp.linalg.cholesky(cov))
+    return _from_loc_precision(mean.x, precision)
+
+
+def _from_loc_precision(loc: Array, precision: Array) -> MVNStats:
+    precision = _util.symmetrize(precision)
+    loc = jnp.broadcast_to(loc, precision.shape[:-1])
+    return MVNStats(x=jnp.einsum("...ij,...j->...i", precision, loc), xxT=-0.5 * precision)
+
+
+def from_usual(
+    loc: ArrayLike,
+    covariance_matrix: ArrayLike | None = None,
+    *,
+    precision_matrix: ArrayLike | None = None,
+    scale_tril: ArrayLike | None = None,
+) -> MVNStats:
+    """Return λ of N(loc, Σ) from exactly one of Σ, Λ = Σ⁻¹ or chol(Σ).
+
+    Raises:
+        ValueError: if not exactly one matrix argument is given.
+
+    Example:
+        >>> nat = from_usual(jnp.zeros(2), precision_matrix=2.0 * jnp.eye(2))
+        >>> nat.xxT
+        Array([[-1., -0.],
+               [-0., -1.]], dtype=float64)
+    """
+    given = [m is not None for m in (covariance_matrix, precision_matrix, scale_tril)]
+    if sum(given) != 1:
+        raise ValueError(
+            "give exactly one of covariance_matrix, precision_matrix or scale_tril."
+        )
+    matrix = next(m for m in (covariance_matrix, precision_matrix, scale_tril) if m is not None)
+    loc, matrix = _util.as_floats(loc, matrix)
+    if precision_matrix is not None:
+        precision = matrix
+    elif scale_tril is not None:
+        precision = _util.cholesky_inverse(jnp.tril(matrix))
+    else:
+        precision = _util.cholesky_inverse(jnp.linalg.cholesky(_util.symmetrize(matrix)))
+    batch = jnp.broadcast_shapes(loc.shape[:-1], precision.shape[:-2])
+    d = precision.shape[-1]
+    precision = jnp.broadcast_to(precision, batch + (d, d))
+    return _from_loc_precision(jnp.broadcast_to(loc, batch + (d,)), precision)
+
+
+def to_usual(natural: MVNStats) -> dict[str, Array]:
+    """Return ``{"loc": m, "covariance_matrix": Σ}``."""
+    loc, cov = _loc_cov(natural)
+    return {"loc": loc, "covariance_matrix": cov}
+
+
+def from_numpyro(d: dist.Distribution) -> MVNStats:
+    """Return λ of a numpyro ``MultivariateNormal``, or of a ``Normal`` over vectors.
+
+    A ``Normal`` (usually ``Normal(...).to_event(1)``) is read as a Gaussian over
+    its last dimension with diagonal precision.
+    """
+    base = _util.unwrap(d)
+    batch = _util.target_batch_shape(d, 1)
+    if isinstance(base, dist.MultivariateNormal):
+        nat = from_usual(base.loc, scale_tril=base.scale_tril)
+    elif isinstance(base, dist.Normal):
+        loc, scale = _util.as_floats(base.loc, base.scale)
+        shape = tuple(d.batch_shape) + tuple(d.event_shape)
+        precision = jnp.broadcast_to(scale**-2, shape)
+        eye = jnp.eye(shape[-1], dtype=precision.dtype)
+        nat = _from_loc_precision(jnp.broadcast_to(loc, shape), precision[..., None] * eye)
+    else:
+        raise _util.not_in_family(d, "MultivariateNormal")
+    dim = nat.x.shape[-1]
+    return MVNStats(
+        x=jnp.broadcast_to(nat.x, batch + (dim,)),
+        xxT=jnp.broadcast_to(nat.xxT, batch + (dim, dim)),
+    )
+
+
+def to_numpyro(natural: MVNStats) -> dist.MultivariateNormal:
+    """Return ``dist.MultivariateNormal(m, scale_tril=chol(Σ))``."""
+    loc, cov = _loc_cov(natural)
+    return dist.MultivariateNormal(loc, scale_tril=jnp.linalg.cholesky(cov))
+
+
+def sample(rng_key: PRNGKey, natural: MVNStats, sample_shape: tuple = ()) -> Array:
+    """Draw x = m + L⁻ᵀ ε with Λ = L Lᵀ, shape ``sample_shape + batch + (d,)``."""
+    chol, eta = _precision_chol(natural)
+    loc = jnp.einsum("...ij,...j->...i", _util.cholesky_inverse(chol), eta)
+    shape = tuple(sample_shape) + loc.shape
+    eps = jax.random.normal(rng_key, shape, dtype=loc.dtype)
+    chol_t = jnp.broadcast_to(jnp.swapaxes(chol, -1, -2), shape + shape[-1:])
+    return loc + solve_triangular(chol_t, eps[..., None], lower=False)[..., 0]
+
+
+def is_valid(natural: MVNStats) -> Array:
+    """Return Λ = -(λ₂ + λ₂ᵀ) positive definite and λ₁ finite, batch shaped."""
+    finite = jnp.all(jnp.isfinite(natural.x), axis=-1)
+    return finite & _util.is_positive_definite(_precision(natural))
+
+
+MULTIVARIATE_NORMAL = ExpFamily(
+    name="MultivariateNormal",
+    stats_type=MVNStats,
+    event_ndim=1,
+    support=constraints.real_vector,
+    sufficient_stats=sufficient_stats,
+    log_base_measure=log_base_measure,
+    expected_log_base_measure=expected_log_base_measure,
+    log_normalizer=log_normalizer,
+    mean_params=mean_params,
+    natural_params=natural_params,
+    from_usual=from_usual,
+    to_usual=to_usual,
+    from_numpyro=from_numpyro,
+    to_numpyro=to_numpyro,
+    sample=sample,
+    is_valid=is_valid,
+    batch_shape=lambda natural: tuple(jnp.shape(natural.x)[:-1]),
+)
+"""Full-covariance Gaussian over vectors (..., d)."""

@@ -1,0 +1,214 @@
+"""Which inputs each output of a function depends on, read off its jaxpr.
+
+The tracer needs, for every sample site, the latent sites its value and its
+distribution arguments depend on (its factor's neighbours), and the same for
+deterministic sites. :func:`output_dependencies` answers this for any function
+of arrays: it builds the function's jaxpr with ``jax.make_jaxpr`` and walks
+the equations forwards, propagating for each variable the set of inputs it
+depends on.
+
+Control flow is analysed per output, not per equation: ``scan`` and ``while``
+bodies are walked with the carry's dependency sets iterated to a fixed point,
+``cond`` takes the union over its branches (plus the predicate), and call-like
+primitives (``jit``/``pjit``, ``closed_call``, ``custom_jvp_call``,
+``custom_vjp_call``, ``remat``) are entered. This is what makes the answer
+precise through ``numpyro.contrib.control_flow.scan``, where
+``numpyro.infer.inspect.get_model_relations`` over-approximates (it joins all
+sites of a scan body).
+
+Every top-level ``scan`` also marks its outputs with a :class:`ScanTag`, and
+the inputs its initial carry depends on are recorded: the tracer uses both to
+recognise latent chains and to join a chain with its initial state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Hashable, Sequence
+
+import jax
+from jax.extend import core as jex_core
+
+Deps = frozenset  # a set of input indices (ints) and ScanTag values
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanTag:
+    """Marks values produced by the ``index``-th top-level ``scan`` equation."""
+
+    index: int
+
+
+@dataclasses.dataclass
+class Analysis:
+    """The result of :func:`output_dependencies`.
+
+    Attributes:
+        outputs: one dependency set per flattened output leaf: input indices
+            (ints, positions in the flattened inputs) and :class:`ScanTag`
+            values of the top-level scans the output passes through.
+        scan_init: ScanTag -> input indices the scan's initial carry depends on.
+    """
+
+    outputs: list[Deps]
+    scan_init: dict[ScanTag, Deps]
+
+    def inputs_of(self, position: int) -> frozenset[int]:
+        """Input indices (no tags) that output ``position`` depends on."""
+        return frozenset(d for d in self.outputs[position] if isinstance(d, int))
+
+    def scans_of(self, position: int) -> frozenset[ScanTag]:
+        """Top-level scans that output ``position`` passes through."""
+        return frozenset(d for d in self.outputs[position] if isinstance(d, ScanTag))
+
+
+_EMPTY: Deps = frozenset()
+
+
+@dataclasses.dataclass
+class _Context:
+    depth: int = 0
+    scan_init: dict = dataclasses.field(default_factory=dict)
+
+
+def output_dependencies(fn: Callable[..., Any], *flat_args: Any) -> Analysis:
+    """Dependencies of each output leaf of ``fn(*flat_args)`` on its arguments.
+
+    Args:
+        fn: a function of ``len(flat_args)`` arrays returning a pytree of arrays.
+        *flat_args: example arguments (arrays or ``jax.ShapeDtypeStruct``).
+
+    Returns:
+        An :class:`Analysis` whose ``outputs[k]`` is the set of argument
+        positions the k-th flattened output leaf depends on.
+
+    Raises:
+        Whatever ``jax.make_jaxpr`` raises when ``fn`` needs concrete values
+        (``ConcretizationTypeError`` and friends); the tracer turns these into
+        a ``ModelError`` naming the site.
+    """
+    closed = jax.make_jaxpr(fn)(*flat_args)
+    ctx = _Context()
+    in_deps = [frozenset([i]) for i in range(len(closed.jaxpr.invars))]
+    return Analysis(outputs=_walk_closed(closed, in_deps, ctx), scan_init=ctx.scan_init)
+
+
+def _read(env: dict, var: Any) -> Deps:
+    if isinstance(var, jex_core.Literal):
+        return _EMPTY
+    return env.get(var, _EMPTY)
+
+
+def _walk_closed(closed: Any, in_deps: Sequence[Deps], ctx: _Context) -> list[Deps]:
+    jaxpr = closed.jaxpr if isinstance(closed, jex_core.ClosedJaxpr) else closed
+    return _walk(jaxpr, in_deps, ctx)
+
+
+def _walk(jaxpr: Any, in_deps: Sequence[Deps], ctx: _Context) -> list[Deps]:
+    env: dict = {}
+    for var in jaxpr.constvars:
+        env[var] = _EMPTY
+    for var, deps in zip(jaxpr.invars, in_deps):
+        env[var] = deps
+    for eqn in jaxpr.eqns:
+        ins = [_read(env, v) for v in eqn.invars]
+        outs = _equation(eqn, ins, ctx)
+        for var, deps in zip(eqn.outvars, outs):
+            env[var] = deps
+    return [_read(env, v) for v in jaxpr.outvars]
+
+
+def _union(sets: Sequence[Deps]) -> Deps:
+    out: set[Hashable] = set()
+    for s in sets:
+        out |= s
+    return frozenset(out)
+
+
+def _equation(eqn: Any, ins: list[Deps], ctx: _Context) -> list[Deps]:
+    name = eqn.primitive.name
+    n_out = len(eqn.outvars)
+    if name == "scan":
+        return _scan(eqn, ins, ctx)
+    if name == "while":
+        return _while(eqn, ins, ctx)
+    if name == "cond":
+        index, ops = ins[0], ins[1:]
+        ctx.depth += 1
+        try:
+            branch_outs = [_walk_closed(b, ops, ctx) for b in eqn.params["branches"]]
+        finally:
+            ctx.depth -= 1
+        return [_union([b[k] for b in branch_outs]) | index for k in range(n_out)]
+    sub = _call_jaxpr(eqn)
+    if sub is not None:
+        ctx.depth += 1
+        try:
+            return _walk_closed(sub, ins, ctx)
+        finally:
+            ctx.depth -= 1
+    every = _union(ins)
+    return [every] * n_out
+
+
+def _call_jaxpr(eqn: Any) -> Any:
+    """The body of a call-like equation whose inputs and outputs match it one to one."""
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        sub = eqn.params.get(key)
+        if isinstance(sub, jex_core.ClosedJaxpr):
+            inner = sub.jaxpr
+        elif isinstance(sub, jex_core.Jaxpr):
+            inner = sub
+        else:
+            continue
+        if len(inner.invars) == len(eqn.invars) and len(inner.outvars) == len(eqn.outvars):
+            return sub
+    return None
+
+
+def _scan(eqn: Any, ins: list[Deps], ctx: _Context) -> list[Deps]:
+    """``scan``: iterate the carry's dependencies to a fixed point, then read the outputs."""
+    num_consts = eqn.params["num_consts"]
+    num_carry = eqn.params["num_carry"]
+    consts = ins[:num_consts]
+    carry = list(ins[num_consts : num_consts + num_carry])
+    xs = ins[num_consts + num_carry :]
+    tag = None
+    if ctx.depth == 0:
+        tag = ScanTag(len(ctx.scan_init))
+        ctx.scan_init[tag] = frozenset(d for d in _union(carry) if isinstance(d, int))
+    ctx.depth += 1
+    try:
+        while True:
+            outs = _walk_closed(eqn.params["jaxpr"], [*consts, *carry, *xs], ctx)
+            new_carry = [c | o for c, o in zip(carry, outs[:num_carry])]
+            if new_carry == carry:
+                break
+            carry = new_carry
+    finally:
+        ctx.depth -= 1
+    result = [*carry, *outs[num_carry:]]
+    if tag is not None:
+        result = [deps | {tag} for deps in result]
+    return result
+
+
+def _while(eqn: Any, ins: list[Deps], ctx: _Context) -> list[Deps]:
+    """``while``: a fixed point over the carry; the predicate's inputs reach every output."""
+    cond_n = eqn.params["cond_nconsts"]
+    body_n = eqn.params["body_nconsts"]
+    cond_consts = ins[:cond_n]
+    body_consts = ins[cond_n : cond_n + body_n]
+    carry = list(ins[cond_n + body_n :])
+    ctx.depth += 1
+    try:
+        while True:
+            (pred,) = _walk_closed(eqn.params["cond_jaxpr"], [*cond_consts, *carry], ctx)
+            outs = _walk_closed(eqn.params["body_jaxpr"], [*body_consts, *carry], ctx)
+            new_carry = [c | o | pred for c, o in zip(carry, outs)]
+            if new_carry == carry:
+                break
+            carry = new_carry
+    finally:
+        ctx.depth -= 1
+    return carry

@@ -1,0 +1,301 @@
+"""Re-running a traced model at given latent values: the bridge to the estimators.
+
+:func:`replay` runs the model under ``handlers.substitute`` (latent values,
+``numpyro.param`` values and subsample indices), ``handlers.seed(rng_seed=0)``
+and :func:`~blrppl.graph.capture.capturing_constructors`, and returns every
+sample site's value, distribution, constructor call, scale, mask and plates.
+It is a pure function of the arrays it is given, so estimators call it under
+``jax.make_jaxpr``, ``jax.grad`` or ``jax.jit``.
+
+A chain variable's value is the joined chain; :func:`split_latents` cuts it
+back into the numpyro sites it came from (an initial state and the stacked
+states of a ``scan``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
+from numpyro import handlers
+from numpyro.distributions import constraints
+from numpyro.distributions.transforms import biject_to
+
+from blrppl.graph.capture import ConstructorCall, capturing_constructors, constructor_call
+from blrppl.graph.plates import site_plates
+
+if TYPE_CHECKING:
+    from blrppl.graph.nodes import FactorGraph
+
+
+class ReplayedSite(NamedTuple):
+    """One site of a model re-run at given values.
+
+    Attributes:
+        name: the site name.
+        type: ``"sample"`` or ``"deterministic"``.
+        value: the site's value (for a latent site, the value substituted).
+        fn: the site's numpyro distribution, with the plate expansion numpyro
+            applies (None for deterministic sites).
+        call: the distribution's constructor call as the model wrote it
+            (:func:`~blrppl.graph.capture.constructor_call`; None for
+            deterministic sites).
+        is_observed: True for observed sites (``obs=``, ``condition``,
+            ``numpyro.factor``) and for sites the user fixed with ``substitute``.
+        scale: the log-density scale (``handlers.scale`` times N / M of
+            subsampled plates), or None for 1.
+        mask: the site's effective mask, broadcast to ``fn.batch_shape``
+            (``handlers.mask``, ``.mask()``, ``obs_mask``), or None.
+            ``fn.log_prob`` already applies it.
+        cond_indep_stack: numpyro's plate frames, innermost first.
+        plates: plate names, outermost first.
+        infer: the site's ``infer`` dict.
+    """
+
+    name: str
+    type: str
+    value: Any
+    fn: Any
+    call: Optional[ConstructorCall]
+    is_observed: bool
+    scale: Any
+    mask: Any
+    cond_indep_stack: tuple
+    plates: tuple[str, ...]
+    infer: dict
+
+
+class ModelRun(NamedTuple):
+    """One run of a model: numpyro's trace and the sites the user's ``substitute`` fixed."""
+
+    trace: "OrderedDict[str, dict]"
+    user_fixed: frozenset
+
+
+def run_model(
+    model: Callable,
+    model_args: tuple,
+    model_kwargs: Mapping[str, Any],
+    data: Optional[Mapping[str, Any]] = None,
+    *,
+    placeholders: bool = False,
+) -> ModelRun:
+    """Run ``model`` once under ``seed(0)`` and ``trace``, capturing constructor calls.
+
+    Args:
+        model, model_args, model_kwargs: the model and its arguments.
+        data: site, ``numpyro.param`` and plate names -> values to substitute
+            (observed sites are never overridden).
+        placeholders: latent sites not in ``data`` take a fixed point of their
+            support (zero on the real line, one on the positive reals, the
+            centre of the simplex, ...) instead of a random draw, and
+            subsampled plates take their first M indices, so tracing never
+            compiles a sampler.
+
+    Returns:
+        The trace and the names of latent-looking sites whose value the
+        user's own ``handlers.substitute`` had already set.
+    """
+    data = dict(data or {})
+    fixed: set[str] = set()
+
+    def substitute_fn(msg: dict) -> Any:
+        name, kind = msg.get("name"), msg["type"]
+        if kind == "sample" and not msg["is_observed"] and msg["value"] is not None:
+            if "_scan_current_index" not in msg.get("infer", {}):
+                fixed.add(name)  # set below us: by the user's substitute
+            return None
+        if kind in ("sample", "param", "plate") and name in data:
+            return None if kind == "sample" and msg["is_observed"] else data[name]
+        if placeholders and kind == "sample" and not msg["is_observed"]:
+            return _placeholder(msg)
+        if placeholders and kind == "plate" and msg["value"] is None:
+            return jnp.arange(msg["args"][1])  # the first minibatch, not a random one
+        return None
+
+    with capturing_constructors():
+        with handlers.trace() as trace, handlers.seed(rng_seed=0):
+            with handlers.substitute(substitute_fn=substitute_fn):
+                model(*model_args, **model_kwargs)
+    return ModelRun(trace, frozenset(fixed))
+
+
+def _placeholder(msg: Mapping[str, Any]) -> Any:
+    """A fixed value in the support of a latent site, or None to let the sampler draw."""
+    fn = msg["fn"]
+    sample_shape = tuple(msg["kwargs"].get("sample_shape", ()))
+    try:
+        out = jax.eval_shape(
+            lambda key: fn.sample(key, sample_shape), jax.ShapeDtypeStruct((2,), jnp.uint32)
+        )
+        value = _support_point(fn.support, out.shape)
+        if value is None:
+            transform = biject_to(fn.support)
+            return jnp.asarray(transform(jnp.zeros(transform.inverse_shape(out.shape))), out.dtype)
+        return jnp.asarray(np.asarray(value).astype(out.dtype))
+    except Exception:  # an exotic support or sampler: let the seeded sampler draw a value
+        return None
+
+
+def _support_point(support: Any, shape: tuple) -> Optional[np.ndarray]:
+    """A point of ``support`` with the given shape, in numpy (no compilation), or None."""
+    while isinstance(support, constraints._IndependentConstraint):
+        support = support.base_constraint
+    c = constraints
+    if isinstance(support, (c._Real, c._Boolean)):
+        return np.zeros(shape)
+    if isinstance(support, (c._IntegerInterval, c._IntegerGreaterThan)):
+        return np.broadcast_to(np.asarray(support.lower_bound), shape)
+    if isinstance(support, c._Positive) or support is c.nonnegative:
+        return np.ones(shape)
+    if isinstance(support, c._UnitInterval):
+        return np.full(shape, 0.5)
+    if isinstance(support, c._Simplex):
+        return np.full(shape, 1.0 / shape[-1])
+    if isinstance(support, (c._PositiveDefinite, c._LowerCholesky, c._CorrCholesky, c._CorrMatrix)):
+        return np.broadcast_to(np.eye(shape[-1]), shape)
+    if isinstance(support, c._Interval):
+        return np.broadcast_to(
+            (np.asarray(support.lower_bound) + np.asarray(support.upper_bound)) / 2, shape
+        )
+    if isinstance(support, c._GreaterThan):
+        return np.broadcast_to(np.asarray(support.lower_bound) + 1.0, shape)
+    return None
+
+
+def effective_mask(site: Mapping[str, Any]) -> Any:
+    """A sample site's mask (``handlers.mask`` and ``.mask()`` wrappers), or None.
+
+    Masks of ``MaskedDistribution`` wrappers below ``Independent`` act on event
+    dimensions and are not included.
+    """
+    masks = [] if site.get("mask") is None else [site["mask"]]
+    fn = site["fn"]
+    while isinstance(fn, (dist.MaskedDistribution, dist.ExpandedDistribution)):
+        if isinstance(fn, dist.MaskedDistribution) and fn._mask is not None:
+            masks.append(fn._mask)
+        fn = fn.base_dist
+    if not masks:
+        return None
+    mask = masks[0]
+    for m in masks[1:]:
+        mask = jnp.logical_and(mask, m)
+    return jnp.broadcast_to(jnp.asarray(mask, dtype=bool), site["fn"].batch_shape)
+
+
+def effective_scale(site: Mapping[str, Any]) -> Any:
+    """A sample site's log-density scale, or None when it is 1."""
+    scale = site.get("scale")
+    if scale is None:
+        return None
+    if isinstance(scale, (int, float)) and scale == 1:
+        return None
+    return scale
+
+
+def to_replayed(site: Mapping[str, Any], is_latent: bool = True) -> ReplayedSite:
+    """A numpyro trace entry as a :class:`ReplayedSite` (``is_latent``: a latent of the graph)."""
+    if site["type"] == "deterministic":
+        return ReplayedSite(
+            name=site["name"],
+            type="deterministic",
+            value=site["value"],
+            fn=None,
+            call=None,
+            is_observed=False,
+            scale=None,
+            mask=None,
+            cond_indep_stack=tuple(site.get("cond_indep_stack", ())),
+            plates=site_plates(site),
+            infer=dict(site.get("infer") or {}),
+        )
+    return ReplayedSite(
+        name=site["name"],
+        type="sample",
+        value=site["value"],
+        fn=site["fn"],
+        call=constructor_call(site["fn"]),
+        is_observed=not is_latent,
+        scale=effective_scale(site),
+        mask=effective_mask(site),
+        cond_indep_stack=tuple(site["cond_indep_stack"]),
+        plates=site_plates(site),
+        infer=dict(site.get("infer") or {}),
+    )
+
+
+def split_latents(graph: "FactorGraph", latent_values: Mapping[str, Any]) -> dict[str, Any]:
+    """Variable values -> numpyro site values (chains cut back into their sites)."""
+    data: dict[str, Any] = {}
+    for name, value in latent_values.items():
+        node = graph.variables.get(name)
+        chain = None if node is None else node.chain
+        if chain is None or len(chain.sites) == 1:
+            data[name] = value
+            continue
+        first, rest = chain.sites
+        axis = chain.time_axis
+        data[first] = jnp.take(value, 0, axis=axis)
+        data[rest] = jax.lax.slice_in_dim(value, 1, jnp.shape(value)[axis], axis=axis)
+    return data
+
+
+def join_chain(values: Mapping[str, Any], sites: tuple[str, ...], time_axis: int) -> Any:
+    """The joined chain value of ``sites`` (an initial state, then stacked states)."""
+    if len(sites) == 1:
+        return values[sites[0]]
+    first, rest = sites
+    return jnp.concatenate(
+        [jnp.expand_dims(jnp.asarray(values[first]), time_axis), jnp.asarray(values[rest])],
+        axis=time_axis,
+    )
+
+
+def replay(
+    graph: "FactorGraph",
+    latent_values: Mapping[str, Any],
+    param_values: Optional[Mapping[str, Any]] = None,
+    plate_indices: Optional[Mapping[str, Any]] = None,
+    *,
+    deterministic: bool = False,
+) -> dict[str, ReplayedSite]:
+    """Re-run ``graph``'s model at the given values; every sample site, in trace order.
+
+    Args:
+        graph: a traced :class:`~blrppl.graph.nodes.FactorGraph`.
+        latent_values: variable name -> value in the site's own support (a
+            chain variable's joined chain). Variables left out are drawn from
+            their priors with ``rng_seed=0``.
+        param_values: ``numpyro.param`` name -> constrained value; missing
+            params keep their initial values.
+        plate_indices: subsampled plate name -> minibatch indices (length M).
+        deterministic: also return ``numpyro.deterministic`` sites (with
+            ``fn`` and ``call`` None).
+
+    Returns:
+        Site name -> :class:`ReplayedSite`. Sites hidden by ``handlers.block``
+        are not visible.
+    """
+    data = split_latents(graph, latent_values)
+    data.update(param_values or {})
+    data.update(plate_indices or {})
+    trace = run_model(graph.model, graph.model_args, graph.model_kwargs, data).trace
+    kinds = ("sample", "deterministic") if deterministic else ("sample",)
+    latent_sites = latent_site_names(graph)
+    return {
+        name: to_replayed(site, name in latent_sites)
+        for name, site in trace.items()
+        if site["type"] in kinds
+    }
+
+
+def latent_site_names(graph: "FactorGraph") -> frozenset:
+    """Names of the numpyro sites behind the graph's variables (chain sites included)."""
+    names = set()
+    for name, node in graph.variables.items():
+        names.update(node.chain.sites if node.chain is not None else (name,))
+    return frozenset(names)

@@ -1,0 +1,80 @@
+"""ConjugateBayes: the exact posterior in one step, ELBO = log evidence (Sec. 5.1)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from scipy.special import betaln, gammaln  # scipy: jax.scipy betaln is only ~1e-8 accurate
+
+import blrppl
+from models import ZOO
+
+
+def run(model, *args, steps=1, **kwargs):
+    return blrppl.ConjugateBayes(model).run(jax.random.key(0), steps, *args, progress_bar=False, **kwargs)
+
+
+def test_beta_bernoulli_is_exact_with_evidence():
+    entry = ZOO["beta_bernoulli"]
+    args, kwargs = entry.data()
+    y = np.asarray(kwargs["y"])
+    result = run(entry.model, *args, **kwargs)
+    q = result.posterior["p"]
+    heads, tails = y.sum(), y.size - y.sum()
+    assert np.allclose(q.concentration1, 1.0 + heads, rtol=1e-12)
+    assert np.allclose(q.concentration0, 1.0 + tails, rtol=1e-12)
+    log_evidence = betaln(1.0 + heads, 1.0 + tails) - betaln(1.0, 1.0)
+    assert np.allclose(result.elbo[-1], log_evidence, rtol=1e-10)
+
+
+def test_gamma_poisson_is_exact_with_evidence():
+    entry = ZOO["gamma_poisson"]
+    args, kwargs = entry.data()
+    y = np.asarray(kwargs["y"])
+    a, b = 2.0, 1.0  # lam ~ Gamma(2, 1) in models/gamma_poisson.py
+    result = run(entry.model, *args, **kwargs)
+    q = result.posterior["lam"]
+    assert np.allclose(q.concentration, a + y.sum(), rtol=1e-12)
+    assert np.allclose(q.rate, b + y.size, rtol=1e-12)
+    log_evidence = (
+        a * np.log(b) - gammaln(a) + gammaln(a + y.sum()) - (a + y.sum()) * np.log(b + y.size)
+        - np.sum(gammaln(y + 1.0))
+    )
+    assert np.allclose(result.elbo[-1], log_evidence, rtol=1e-10)
+
+
+def normal_normal(y):
+    z = numpyro.sample("z", dist.Normal(0.0, 1.0))
+    with numpyro.plate("N", y.shape[0]):
+        numpyro.sample("y", dist.Normal(z, 0.5), obs=y)
+
+
+def test_normal_normal_is_exact_and_extra_steps_are_no_ops():
+    y = jnp.array([0.3, 1.1, 0.8])
+    result = run(normal_normal, y, steps=5)
+    precision = 1.0 + y.size / 0.25
+    q = result.posterior["z"]
+    assert np.allclose(q.loc, y.sum() / 0.25 / precision, rtol=1e-12)
+    assert np.allclose(q.scale**2, 1.0 / precision, rtol=1e-12)
+    log_evidence = jax.scipy.stats.multivariate_normal.logpdf(y, jnp.zeros(3), 0.25 * jnp.eye(3) + jnp.ones((3, 3)))
+    assert np.allclose(result.elbo, log_evidence, rtol=1e-12)  # every step: no-ops after the first
+
+
+@pytest.mark.parametrize("name", ["normal_mean_precision", "linear_regression", "gaussian_mixture"])
+def test_models_outside_the_family_point_to_vmp(name):
+    entry = ZOO[name]
+    args, kwargs = entry.data()
+    with pytest.raises(blrppl.ModelError, match="VMP") as error:
+        run(entry.model, *args, **kwargs)
+    assert "site '" in str(error.value)
+
+
+def test_non_conjugate_factor_is_a_model_error_naming_factor_and_variable():
+    entry = ZOO["poisson_regression"]
+    args, kwargs = entry.data()
+    with pytest.raises(blrppl.ModelError) as error:
+        run(entry.model, *args, **kwargs)
+    message = str(error.value)
+    assert "site 'y'" in message and "exp" in message and "beta" in message
