@@ -22,6 +22,7 @@ from blrppl.engines.init import initial_natural
 from blrppl.engines.mstep import build_m_step
 from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, example_latents, q_space_examples
+from blrppl.estimators.conjugacy import record_verdicts
 from blrppl.estimators.exact import exact_estimator
 from blrppl.graph.nodes import Edge, FactorGraph
 from blrppl.graph.trace import build_graph
@@ -161,10 +162,11 @@ class Engine:
         try:
             estimator = exact_estimator(graph, name, qs, examples, init_params, plate)
         except NonConjugate as error:
-            _record_verdicts(graph, name, qs, examples, init_params, error)
+            record_verdicts(graph, name, qs, examples, init_params, error)
             var = error.var
+            reason = node.edges[var].reason if var in node.edges else error.reason
             raise ModelError(
-                f"site {name!r}: the factor is not conjugate in {var!r} ({error.reason}); "
+                f"site {name!r}: the factor is not conjugate in {var!r} ({reason}); "
                 "use an engine with non-conjugate estimators (NonConjugateVI) or rewrite the model "
                 "with conjugate priors."
             ) from None
@@ -248,39 +250,6 @@ def _param_examples(graph: FactorGraph) -> tuple[dict, dict]:
         values[name] = jnp.asarray(node.init_value)
         transforms[name] = biject_to(node.constraint)
     return values, transforms
-
-
-def _record_verdicts(graph, name, qs, examples, init_params, error) -> None:
-    """Fill the factor's edges: the failing variable with its reason, and the rest.
-
-    The other neighbours are re-analysed with the failing variables held at
-    fixed values: an edge is conjugate when the factor is affine in that
-    variable's statistics whatever the others are.
-    """
-    node = graph.factors[name]
-    failing = {error.var: error.reason}
-    while True:
-        remaining = [v for v in node.neighbours if v not in failing]
-        if not remaining:
-            break
-        sub_qs = {v: qs[v] for v in remaining}
-        sub_graph_factor = dataclasses.replace(node, neighbours=tuple(remaining))
-        factors = dict(graph.factors)
-        factors[name] = sub_graph_factor
-        sub_graph = dataclasses.replace(graph, factors=factors)
-        try:
-            exact_estimator(sub_graph, name, {**qs, **sub_qs}, examples, init_params)
-            break
-        except NonConjugate as again:
-            if again.var in failing or again.var is None:
-                failing.update({v: again.reason for v in remaining})
-                break
-            failing[again.var] = again.reason
-    for v in node.neighbours:
-        if v in failing:
-            node.edges[v] = Edge(False, failing[v])
-        else:
-            node.edges[v] = Edge(True, "exact site parameter (given the other neighbours)")
 
 
 def posterior_means(plan: Plan, natural: Mapping[str, Any]) -> dict:

@@ -34,9 +34,32 @@ class ConjugateBayes(Engine):
                     f"{list(node.neighbours)}, so the posterior is not in the q family; "
                     "use blrppl.VMP (coordinate ascent) instead."
                 )
+        for est in plan.estimators:
+            coupled = _coupled_variable(est)
+            if coupled is not None:
+                raise ModelError(
+                    f"site {est.factor!r}: the factor couples independent positions of {coupled!r} "
+                    "(more than one q block), so the posterior is not in the q family; use "
+                    "blrppl.VMP instead, or give the site a joint q (declare its axes as an event "
+                    "with .to_event instead of a plate)."
+                )
         if plan.init_params:
             raise ModelError(
                 f"site {next(iter(plan.init_params))!r}: numpyro.param sites need point estimates; "
                 "use blrppl.EM instead."
             )
         return plan
+
+
+def _coupled_variable(estimator) -> Optional[str]:
+    """A variable two of whose independent q blocks meet in one term, if any."""
+    analysis = estimator.analysis
+    if analysis is None:
+        return None
+    for term in analysis.terms:
+        seen = set()
+        for read in term.reads:
+            if read.var in seen:
+                return read.var
+            seen.add(read.var)
+    return None

@@ -85,8 +85,12 @@ def trace(model: Callable, *args: Any, **kwargs: Any) -> FactorGraph:
         >>> fg = trace(model, y=jnp.zeros(3))
         >>> fg.factors["y"].neighbours
         ('mu',)
+        >>> fg.factors["y"].edges["mu"].conjugate
+        True
     """
-    return build_graph(model, args, kwargs)
+    from blrppl.estimators.conjugacy import annotate
+
+    return annotate(build_graph(model, args, kwargs))
 
 
 def build_graph(

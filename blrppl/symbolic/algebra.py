@@ -92,13 +92,32 @@ def normalize_term(term: Term) -> Term:
     return Term(coeff, tuple(operands), tuple(atoms))
 
 
+def _atom_key(atom: VarAtom):
+    index = tuple(
+        (idx.labels, None if idx.direct else (idx.array.shape, idx.array.tobytes())) for idx in atom.index
+    )
+    return (atom.var, atom.kind, atom.power, index)
+
+
 def _clean(terms) -> tuple[Term, ...]:
-    out = []
+    """Normalise terms, merge like terms without operands, drop zeros.
+
+    Merging makes ``1 + (-1 + p)`` the monomial ``p`` again (so that
+    ``log1p(-(1 - p))`` is ``log p``).
+    """
+    out: list[Term] = []
+    like: dict = {}
     for term in terms:
         term = normalize_term(term)
-        if term.coeff != 0.0:
-            out.append(term)
-    return tuple(out)
+        if not term.operands:
+            key = tuple(sorted((_atom_key(a) for a in term.atoms), key=repr))
+            if key in like:
+                i = like[key]
+                out[i] = Term(out[i].coeff + term.coeff, (), out[i].atoms)
+                continue
+            like[key] = len(out)
+        out.append(term)
+    return tuple(t for t in out if t.coeff != 0.0)
 
 
 # ---------------------------------------------------------------------------
@@ -137,7 +156,7 @@ def push_selectors(poly: Poly, labels: set | None = None) -> Poly:
     ]
     if not push:
         return poly
-    keep = tuple(s for s in poly.selectors if s not in push)
+    keep = tuple(s for s in poly.selectors if not any(s is p for p in push))
     terms = tuple(Term(t.coeff, t.operands, t.atoms + tuple(push)) for t in poly.terms)
     return Poly(poly.shape, poly.labels, terms, keep)
 
@@ -318,7 +337,7 @@ def logdet(poly: Poly) -> Poly:
     if atom.kind != "x" or any(not i.direct for i in atom.index[-2:]):
         raise NonConjugate(atom.var, f"log det of a function of {atom.var!r}")
     d = poly.shape[-1]
-    new_atom = VarAtom(atom.var, "logdet", atom.index[:-2])
+    new_atom = VarAtom(atom.var, "logdet", atom.index[:-2], sizes=atom.sizes[:-2])
     terms = (Term(d * float(np.log(term.coeff))), Term(float(atom.power), (), (new_atom,)))
     return Poly(poly.shape[:-2], batch, _clean(terms), poly.selectors)
 
@@ -386,8 +405,8 @@ def reindex(poly: Poly, positions: np.ndarray, space: Labels) -> Poly:
     else:
         coords = ()
     subs = {}
-    for old, coord in zip(poly.labels, coords):
-        idx = simplify_index(Index(labels, np.asarray(coord)))
+    for axis, (old, coord) in enumerate(zip(poly.labels, coords)):
+        idx = simplify_index(Index(labels, np.asarray(coord)), poly.shape[axis])
         subs[old] = Substitution(idx.labels, idx.array)
     terms = tuple(substitute_term(t, subs) for t in poly.terms)
     selectors = tuple(substitute_atom(s, subs) for s in poly.selectors)

@@ -258,15 +258,16 @@ def point_stats(value, names) -> dict:
 
 
 def _apply(term_parts, extra):
-    """Apply a unification (dict) or a mask (Operand) to (operands, reads)."""
-    operands, reads = term_parts
+    """Apply a unification (dict) or a mask (Operand) to (operands, reads, atoms)."""
+    operands, reads, atoms = term_parts
     if extra is None:
-        return operands, reads
+        return operands, reads, atoms
     if isinstance(extra, Operand):
-        return operands + (extra,), reads
-    tmp = Term(1.0, operands, tuple(VarAtom(r.var, r.stat, r.index) for r in reads))
-    tmp = substitute_term(tmp, extra)
-    return tmp.operands, tuple(StatRead(a.var, a.kind, a.index) for a in tmp.atoms)
+        return operands + (extra,), reads, atoms
+    read_atoms = tuple(VarAtom(r.var, r.stat, r.index) for r in reads)
+    tmp = substitute_term(Term(1.0, operands, read_atoms + tuple(atoms)), extra)
+    new_reads = tuple(StatRead(a.var, a.kind, a.index) for a in tmp.atoms[: len(reads)])
+    return tmp.operands, new_reads, tmp.atoms[len(reads) :]
 
 
 def resolve(poly: Poly, infos: Mapping[str, VarInfo], space: Labels) -> list[StatTerm]:
@@ -283,21 +284,22 @@ def resolve(poly: Poly, infos: Mapping[str, VarInfo], space: Labels) -> list[Sta
     out: list[StatTerm] = []
     for term in poly.terms:
         term = normalize_term(term)
-        by_var: dict[str, list[VarAtom]] = {}
         for atom in term.atoms:
             if atom.var not in infos:
                 raise NonConjugate(atom.var, f"{atom.var!r} has no q in this analysis")
-            by_var.setdefault(atom.var, []).append(atom)
-        alternatives = [(term.coeff, term.operands, ())]
-        for var, atoms in by_var.items():
-            options = _reads_for_var(var, atoms, infos[var], space, protected)
+        # Resolve one variable at a time; a label unification or mask found for
+        # one variable applies to the whole term, pending atoms included.
+        alternatives = [(term.coeff, term.operands, (), term.atoms)]
+        for var in dict.fromkeys(a.var for a in term.atoms):
             new = []
-            for coeff, operands, reads in alternatives:
-                for sign, extra, var_reads in options:
-                    ops, rds = _apply((operands, reads + var_reads), extra)
-                    new.append((coeff * sign, ops, rds))
+            for coeff, operands, reads, pending in alternatives:
+                atoms = [a for a in pending if a.var == var]
+                rest = tuple(a for a in pending if a.var != var)
+                for sign, extra, var_reads in _reads_for_var(var, atoms, infos[var], space, protected):
+                    ops, rds, rst = _apply((operands, reads + var_reads, rest), extra)
+                    new.append((coeff * sign, ops, rds, rst))
             alternatives = new
-        for coeff, operands, reads in alternatives:
+        for coeff, operands, reads, _ in alternatives:
             out.append(_precontract(coeff, operands, reads, space, obs))
     return _merge(out, obs)
 

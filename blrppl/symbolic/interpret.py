@@ -101,7 +101,7 @@ def _is_categorical(value: Any) -> bool:
 def categorical_variable(name: str, shape: tuple[int, ...], space: Labels) -> Poly:
     """The value of a categorical latent: an integer index, enumerated on use."""
     labels = tuple(space.new(n) for n in shape)
-    atom = VarAtom(name, "cat", tuple(Index((lab,)) for lab in labels))
+    atom = VarAtom(name, "cat", tuple(Index((lab,)) for lab in labels), sizes=tuple(shape))
     return Poly(tuple(shape), labels, (Term(1.0, (), (atom,)),))
 
 
@@ -258,7 +258,8 @@ class Interpreter:
         atom = x.terms[0].atoms[0]
         value = np.broadcast_to(np.asarray(y), x.shape).astype(int)
         category = simplify_index(Index(x.labels, value)) if x.shape else Index((), value)
-        one_hot = VarAtom(atom.var, "one_hot", atom.index + (category,))
+        num = self.categorical[atom.var][1]
+        one_hot = VarAtom(atom.var, "one_hot", atom.index + (category,), sizes=atom.sizes + (num,))
         return Poly(x.shape, x.labels, (Term(1.0, (), (one_hot,)),))
 
     def _rule_select_n(self, eqn, predicate, *cases):
@@ -271,6 +272,27 @@ class Interpreter:
         one = constant(np.ones(()), self.space)
         not_p = algebra.sub(one, p, self.space)
         return algebra.add(algebra.mul(p, on_true, self.space), algebra.mul(not_p, on_false, self.space), self.space)
+
+    def _rule_dynamic_slice(self, eqn, operand, *starts):
+        if not any(_is_symbolic(v) for v in starts):
+            return self._structural(eqn, [operand, *starts])
+        cats = [v for v in starts if _is_symbolic(v)]
+        if len(cats) != 1 or not _is_categorical(cats[0]) or cats[0].shape != ():
+            raise NonConjugate(_first_var(cats[0]), "a slice at a random position other than one scalar categorical")
+        (z,) = cats
+        var = z.terms[0].atoms[0].var
+        _, num = self.categorical[var]
+        operand_shape = tuple(eqn.invars[0].aval.shape)
+        iota = jnp.arange(int(np.prod(operand_shape)), dtype=jnp.int32).reshape(operand_shape)
+        positions = []
+        for k in range(num):
+            args = [jnp.asarray(k if _is_symbolic(v) else v, jnp.int32) for v in starts]
+            positions.append(np.asarray(eqn.primitive.bind(iota, *args, **eqn.params)))
+        extended = algebra.reindex(_as_poly(operand, self.space), np.stack(positions, -1), self.space)
+        category = extended.labels[-1]
+        selector = VarAtom(var, "one_hot", (Index((category,)),), sizes=(num,))
+        shape = tuple(eqn.outvars[0].aval.shape)
+        return Poly(shape, extended.labels[:-1], extended.terms, extended.selectors + (selector,))
 
     def _rule_gather(self, eqn, operand, indices):
         if not _is_symbolic(indices):
@@ -350,8 +372,12 @@ class Interpreter:
         batch_coords = tuple(coords[d] for d in batch_dims)
         ids_out = ids[batch_coords] if batch_coords else np.broadcast_to(ids, out_shape)
         z_coords = np.unravel_index(ids_out, z_value_shape) if z_value_shape else ()
-        z_index = tuple(simplify_index(Index(labels, np.asarray(c))) for c in z_coords)
-        selector = VarAtom(var, "one_hot", z_index + (Index((category_label,)),))
+        z_index = tuple(
+            simplify_index(Index(labels, np.asarray(c)), n) for c, n in zip(z_coords, z_value_shape)
+        )
+        selector = VarAtom(
+            var, "one_hot", z_index + (Index((category_label,)),), sizes=tuple(z_value_shape) + (num,)
+        )
         return Poly(out_shape, labels, extended.terms, extended.selectors + (selector,))
 
 

@@ -89,13 +89,16 @@ class VarAtom:
     ``kind`` is ``"x"`` (the value raised to ``power``), ``"log"``,
     ``"log1m"`` (log(1 - x)), ``"logdet"`` (log |x| of a matrix variable; its
     index covers the batch axes only) or ``"one_hot"`` (one extra index, over
-    the categories, follows the value axes).
+    the categories, follows the value axes). ``sizes`` are the sizes of the
+    axes the indices address (an index array equal to ``arange(size)`` is the
+    same as a direct index; a shorter one is a slice and stays a gather).
     """
 
     var: str
     kind: str
     index: tuple[Index, ...]
     power: Fraction = Fraction(1)
+    sizes: tuple[int, ...] = ()  # the sizes of the axes the indices address
 
     @property
     def labels(self) -> set[Label]:
@@ -213,18 +216,25 @@ def substitute_array(
     return array, tuple(labels)
 
 
-def _substitute_index(index: Index, subs: dict[Label, Substitution]) -> Index:
+def _substitute_index(index: Index, subs: dict[Label, Substitution], size: Optional[int]) -> Index:
     if not any(lab in subs for lab in index.labels):
         return index
     if index.direct:
         sub = subs[index.labels[0]]
-        return Index(sub.labels, sub.array)
+        if sub.array is None:
+            return Index(sub.labels, None)
+        return simplify_index(Index(sub.labels, sub.array), size)
     array, labels = substitute_array(index.array, index.labels, subs)
-    return simplify_index(Index(labels, array))
+    return simplify_index(Index(labels, array), size)
 
 
-def simplify_index(index: Index) -> Index:
-    """Drop labels an index array is constant along; turn aranges into renames."""
+def simplify_index(index: Index, size: Optional[int] = None) -> Index:
+    """Drop labels an index array is constant along; turn aranges into renames.
+
+    ``size`` is the size of the axis the index reads; an ``arange`` of that
+    size over one label is a direct index. Without ``size`` (unknown) the
+    array is kept.
+    """
     if index.direct:
         return index
     array, labels = index.array, list(index.labels)
@@ -235,13 +245,19 @@ def simplify_index(index: Index) -> Index:
             keep.append(axis)
     array = array[tuple(slice(None) if a in keep else 0 for a in range(array.ndim))]
     labels = [labels[a] for a in keep]
-    if len(labels) == 1 and np.array_equal(array, np.arange(array.shape[0])):
+    if (
+        size is not None
+        and len(labels) == 1
+        and array.shape[0] == size
+        and np.array_equal(array, np.arange(size))
+    ):
         return Index((labels[0],), None)
     return Index(tuple(labels), np.asarray(array))
 
 
 def substitute_atom(atom: VarAtom, subs: dict[Label, Substitution]) -> VarAtom:
-    index = tuple(_substitute_index(idx, subs) for idx in atom.index)
+    sizes = atom.sizes if len(atom.sizes) == len(atom.index) else (None,) * len(atom.index)
+    index = tuple(_substitute_index(idx, subs, n) for idx, n in zip(atom.index, sizes))
     return dataclasses.replace(atom, index=index)
 
 
@@ -275,7 +291,7 @@ def constant(value: np.ndarray, space: Labels) -> Poly:
 def variable(name: str, shape: tuple[int, ...], space: Labels) -> Poly:
     """The value of a latent variable as a Poly: one ``x`` atom, direct indices."""
     labels = tuple(space.new(n) for n in shape)
-    atom = VarAtom(name, "x", tuple(Index((lab,)) for lab in labels))
+    atom = VarAtom(name, "x", tuple(Index((lab,)) for lab in labels), sizes=tuple(shape))
     return Poly(tuple(shape), labels, (Term(1.0, (), (atom,)),))
 
 

@@ -64,14 +64,16 @@ def test_vmp_reaches_the_closed_form_mean_field_fixed_point(rng_key):
     entry = ZOO["normal_mean_precision"]
     args, kwargs = entry.data()
     y = np.asarray(kwargs["y"])
-    result = blrppl.VMP(entry.model).run(rng_key, 200, *args, progress_bar=False, tol=1e-13, **kwargs)
+    result = blrppl.VMP(entry.model).run(rng_key, 200, *args, progress_bar=False, **kwargs)
     m, v, a, b = mean_field_fixed_point(y, 0.0, 10.0, 1.0, 1.0)
     q_mu, q_tau = result.posterior["mu"], result.posterior["tau"]
     np.testing.assert_allclose(q_mu.loc, m, rtol=1e-9)
     np.testing.assert_allclose(q_mu.scale**2, v, rtol=1e-9)
     np.testing.assert_allclose(q_tau.concentration, a, rtol=1e-9)
     np.testing.assert_allclose(q_tau.rate, b, rtol=1e-9)
-    assert len(result.elbo) < 200  # tol stopped it early
+    stopped = blrppl.VMP(entry.model).run(rng_key, 200, *args, progress_bar=False, tol=1e-10, **kwargs)
+    assert len(stopped.elbo) < 200  # tol stops the run early
+    assert abs(float(stopped.elbo[-1] - stopped.elbo[-2])) < 1e-10
 
 
 def test_vmp_equals_blr_with_unit_learning_rate(rng_key):

@@ -1,0 +1,266 @@
+"""Every zoo model traces to exactly the graph it should (one table row per model)."""
+
+import inspect
+from typing import NamedTuple
+
+import jax
+import networkx as nx
+import pytest
+from numpyro import handlers
+
+import blrppl
+from models import ZOO
+
+
+class Expected(NamedTuple):
+    variables: dict  # name -> (family, shape, plates)
+    factors: dict  # name -> (kind, neighbours, plates)
+    deterministics: dict = {}  # name -> neighbours
+    plates: dict = {}  # name -> (size, subsample_size)
+    transformed: frozenset = frozenset()  # variables with a Gaussian on an unconstrained space
+    chains: dict = {}  # variable -> (sites, length, kind)
+
+
+EXPECTED = {
+    "beta_bernoulli": Expected(
+        variables={"p": ("Beta", (), ())},
+        factors={"p": ("prior", ("p",), ()), "y": ("likelihood", ("p",), ("N",))},
+        plates={"N": (20, 20)},
+    ),
+    "gamma_poisson": Expected(
+        variables={"lam": ("Gamma", (), ())},
+        factors={"lam": ("prior", ("lam",), ()), "y": ("likelihood", ("lam",), ("N",))},
+        plates={"N": (30, 30)},
+    ),
+    "normal_mean_precision": Expected(
+        variables={"mu": ("Normal", (), ()), "tau": ("Gamma", (), ())},
+        factors={
+            "mu": ("prior", ("mu",), ()),
+            "tau": ("prior", ("tau",), ()),
+            "y": ("likelihood", ("mu", "tau"), ("N",)),
+        },
+        plates={"N": (50, 50)},
+    ),
+    "linear_regression": Expected(
+        variables={
+            "alpha": ("Normal", (), ()),
+            "beta": ("MultivariateNormal", (3,), ()),
+            "tau": ("Gamma", (), ()),
+        },
+        factors={
+            "alpha": ("prior", ("alpha",), ()),
+            "beta": ("prior", ("beta",), ()),
+            "tau": ("prior", ("tau",), ()),
+            "y": ("likelihood", ("alpha", "beta", "tau"), ("N",)),
+        },
+        plates={"N": (100, 100)},
+    ),
+    "gaussian_mixture": Expected(
+        variables={
+            "weights": ("Dirichlet", (3,), ()),
+            "mu": ("Normal", (3,), ("K",)),
+            "tau": ("Gamma", (3,), ("K",)),
+            "z": ("Categorical", (90,), ("N",)),
+        },
+        factors={
+            "weights": ("prior", ("weights",), ()),
+            "mu": ("prior", ("mu",), ("K",)),
+            "tau": ("prior", ("tau",), ("K",)),
+            "z": ("prior", ("z", "weights"), ("N",)),
+            "y": ("likelihood", ("mu", "tau", "z"), ("N",)),
+        },
+        plates={"K": (3, 3), "N": (90, 90)},
+    ),
+    "hmm": Expected(
+        variables={
+            "trans": ("Dirichlet", (2, 2), ("K",)),
+            "mu": ("Normal", (2,), ("K",)),
+            "sigma": ("Normal", (), ()),
+            "z": ("ChainCategorical", (61,), ()),
+        },
+        factors={
+            "trans": ("prior", ("trans",), ("K",)),
+            "mu": ("prior", ("mu",), ("K",)),
+            "sigma": ("prior", ("sigma",), ()),
+            "z0": ("prior", ("z",), ()),
+            "z": ("prior", ("z", "trans"), ()),
+            "y": ("likelihood", ("mu", "sigma", "z"), ()),
+        },
+        plates={"K": (2, 2)},
+        transformed=frozenset({"sigma"}),
+        chains={"z": (("z0", "z"), 61, "scan")},
+    ),
+    "eight_schools_centered": Expected(
+        variables={
+            "mu": ("Normal", (), ()),
+            "tau": ("Normal", (), ()),
+            "theta": ("Normal", (8,), ("J",)),
+        },
+        factors={
+            "mu": ("prior", ("mu",), ()),
+            "tau": ("prior", ("tau",), ()),
+            "theta": ("prior", ("theta", "mu", "tau"), ("J",)),
+            "y": ("likelihood", ("theta",), ("J",)),
+        },
+        plates={"J": (8, 8)},
+        transformed=frozenset({"tau"}),
+    ),
+    "eight_schools_noncentered": Expected(
+        variables={
+            "mu": ("Normal", (), ()),
+            "tau": ("Normal", (), ()),
+            "theta_raw": ("Normal", (8,), ("J",)),
+        },
+        factors={
+            "mu": ("prior", ("mu",), ()),
+            "tau": ("prior", ("tau",), ()),
+            "theta_raw": ("prior", ("theta_raw",), ("J",)),
+            "y": ("likelihood", ("mu", "tau", "theta_raw"), ("J",)),
+        },
+        deterministics={"theta": ("mu", "tau", "theta_raw")},
+        plates={"J": (8, 8)},
+        transformed=frozenset({"tau"}),
+    ),
+    "radon": Expected(
+        variables={
+            "mu_alpha": ("Normal", (), ()),
+            "sigma_alpha": ("Normal", (), ()),
+            "alpha": ("Normal", (85,), ("county",)),
+            "beta": ("Normal", (), ()),
+            "sigma_y": ("Normal", (), ()),
+        },
+        factors={
+            "mu_alpha": ("prior", ("mu_alpha",), ()),
+            "sigma_alpha": ("prior", ("sigma_alpha",), ()),
+            "alpha": ("prior", ("alpha", "mu_alpha", "sigma_alpha"), ("county",)),
+            "beta": ("prior", ("beta",), ()),
+            "sigma_y": ("prior", ("sigma_y",), ()),
+            "y": ("likelihood", ("alpha", "beta", "sigma_y"), ("N",)),
+        },
+        plates={"county": (85, 85), "N": (919, 919)},
+        transformed=frozenset({"sigma_alpha", "sigma_y"}),
+    ),
+    "local_level_grw": Expected(
+        variables={
+            "sigma_level": ("Normal", (), ()),
+            "sigma_obs": ("Normal", (), ()),
+            "level": ("ChainGaussian", (50,), ()),
+        },
+        factors={
+            "sigma_level": ("prior", ("sigma_level",), ()),
+            "sigma_obs": ("prior", ("sigma_obs",), ()),
+            "level": ("prior", ("level", "sigma_level"), ()),
+            "y": ("likelihood", ("sigma_obs", "level"), ("time",)),
+        },
+        plates={"time": (50, 50)},
+        transformed=frozenset({"sigma_level", "sigma_obs"}),
+        chains={"level": (("level",), 50, "GaussianRandomWalk")},
+    ),
+    "local_level_scan": Expected(
+        variables={
+            "level": ("ChainGaussian", (51,), ()),
+            "sigma_level": ("Normal", (), ()),
+            "sigma_obs": ("Normal", (), ()),
+        },
+        factors={
+            "level0": ("prior", ("level",), ()),
+            "sigma_level": ("prior", ("sigma_level",), ()),
+            "sigma_obs": ("prior", ("sigma_obs",), ()),
+            "level": ("prior", ("level", "sigma_level"), ()),
+            "y": ("likelihood", ("level", "sigma_obs"), ()),
+        },
+        transformed=frozenset({"sigma_level", "sigma_obs"}),
+        chains={"level": (("level0", "level"), 51, "scan")},
+    ),
+    "logistic_regression": Expected(
+        variables={"beta": ("MultivariateNormal", (3,), ())},
+        factors={"beta": ("prior", ("beta",), ()), "y": ("likelihood", ("beta",), ("N",))},
+        plates={"N": (200, 200)},
+    ),
+    "poisson_regression": Expected(
+        variables={"beta": ("MultivariateNormal", (3,), ())},
+        factors={"beta": ("prior", ("beta",), ()), "y": ("likelihood", ("beta",), ("N",))},
+        plates={"N": (150, 150)},
+    ),
+}
+
+
+def test_every_zoo_model_has_an_expected_graph():
+    assert set(EXPECTED) == set(ZOO)
+    assert len(ZOO) >= 12
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    out = {}
+    for name, entry in ZOO.items():
+        args, kwargs = entry.data()
+        out[name] = blrppl.trace(entry.model, *args, **kwargs)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_zoo_graph(name, graphs):
+    fg, expected = graphs[name], EXPECTED[name]
+    assert isinstance(fg, blrppl.FactorGraph)
+    actual_variables = {n: (v.family, v.shape, v.plates) for n, v in fg.variables.items()}
+    assert actual_variables == expected.variables
+    assert list(fg.variables) == list(expected.variables)  # trace order
+    actual_factors = {n: (f.kind, f.neighbours, f.plates) for n, f in fg.factors.items()}
+    assert actual_factors == expected.factors
+    assert {n: d.neighbours for n, d in fg.deterministics.items()} == expected.deterministics
+    assert {n: (p.size, p.subsample_size) for n, p in fg.plates.items()} == expected.plates
+    assert {n for n, v in fg.variables.items() if v.transform is not None} == expected.transformed
+    chains = {
+        n: (v.chain.sites, v.chain.length, v.chain.kind) for n, v in fg.variables.items() if v.chain
+    }
+    assert chains == expected.chains
+    for f in fg.factors.values():
+        assert set(f.edges) == set(f.neighbours)
+        assert all(e.conjugate is None for e in f.edges.values())
+        assert f.observed == (f.kind == "likelihood")
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_zoo_networkx(name, graphs):
+    fg = graphs[name]
+    g = fg.to_networkx()
+    assert nx.is_bipartite(g)
+    variables = {("variable", n) for n in fg.variables}
+    factors = {("factor", n) for n in fg.factors}
+    assert set(g.nodes) == variables | factors
+    for key, data in g.nodes(data=True):
+        assert data["kind"] == key[0] and data["name"] == key[1]
+        assert {"shape", "plates", "observed"} <= set(data)
+        if key[0] == "variable":
+            assert data["family"] == fg.variables[key[1]].family
+    for u, v, data in g.edges(data=True):
+        assert {u[0], v[0]} == {"variable", "factor"}
+        assert set(data) >= {"conjugate", "reason"}
+    expected_edges = {
+        frozenset({("factor", f), ("variable", v)})
+        for f, node in fg.factors.items()
+        for v in node.neighbours
+    }
+    assert {frozenset(e) for e in g.edges} == expected_edges
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_zoo_model_predicts_without_data(name):
+    """``y=None`` makes every zoo model generative (used for prediction)."""
+    entry = ZOO[name]
+    args, kwargs = entry.data()
+    y = kwargs.pop("y")
+    for key in {"num_obs", "num_steps"} & set(inspect.signature(entry.model).parameters):
+        kwargs[key] = y.shape[0]
+    observed = []
+
+    def simulate():
+        # Traced abstractly (jax.eval_shape): no sampler is compiled.
+        with handlers.seed(rng_seed=0), handlers.trace() as tr:
+            entry.model(*args, **kwargs)
+        observed.extend(n for n, s in tr.items() if s["type"] == "sample" and s["is_observed"])
+        return tr["y"]["value"]
+
+    assert jax.eval_shape(simulate).shape == y.shape
+    assert observed == []
