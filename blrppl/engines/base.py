@@ -20,6 +20,7 @@ from blrppl.blr.schedules import as_schedule
 from blrppl.blr.variational import VariableQ, variable_q
 from blrppl.engines.init import initial_natural
 from blrppl.engines.mstep import build_m_step
+from blrppl.engines.points import as_point_estimates
 from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, example_latents, q_space_examples
 from blrppl.estimators.conjugacy import record_verdicts
@@ -114,6 +115,7 @@ class Engine:
     def _plan_graph(self, graph: FactorGraph, observation_plates: Optional[Mapping[str, Any]] = None) -> Plan:
         """Choose every factor's estimator for a traced graph."""
         observation_plates = observation_plates or {}
+        graph = as_point_estimates(graph, self.point_estimates)
         self._check_options(graph)
         qs = {name: variable_q(node, graph.plates) for name, node in graph.variables.items()}
         transforms = {v: q.transform for v, q in qs.items() if q.transform is not None}
@@ -134,16 +136,9 @@ class Engine:
                 f"site {self.blocks[0][0]!r}: joint Gaussian blocks are not implemented yet; "
                 "remove blocks= to fit each site's own q."
             )
-        if self.point_estimates:
-            raise ModelError(
-                f"site {self.point_estimates[0]!r}: point estimates of latent sample sites are not "
-                "implemented yet; declare the quantity with numpyro.param for EM."
-            )
-        if self.init:
-            raise ModelError(
-                f"site {next(iter(self.init))!r}: init= is not implemented yet; pass init_state= to run "
-                "to resume from a result."
-            )
+        for site in self.init:
+            if site not in graph.variables:
+                raise ModelError(f"site {site!r}: init names a site that is not a latent variable of the model; use one of {sorted(graph.variables)}.")
         if isinstance(self.estimator, Mapping):
             for factor in self.estimator:
                 if factor not in graph.factors:
@@ -222,7 +217,7 @@ class Engine:
         order = self.order or tuple(plan.qs)
 
         def init_natural(rng_key):
-            return initial_natural(rng_key, plan)
+            return initial_natural(rng_key, plan, self.init)
 
         return build_blr(
             plan.qs,

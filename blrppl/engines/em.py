@@ -25,6 +25,7 @@ class EM(Engine):
         families: Optional[dict] = None,
         point_estimates: Optional[Sequence[str]] = None,
         order: Optional[Sequence[str]] = None,
+        init: Optional[dict] = None,
     ):
         super().__init__(
             model,
@@ -34,4 +35,5 @@ class EM(Engine):
             families=families,
             point_estimates=point_estimates,
             order=order,
+            init=init,
         )

@@ -6,19 +6,21 @@ starts at N(E[mu], 1/E[tau])). Categorical latents break the symmetry of
 exchangeable priors (mixture components), which would otherwise leave VMP at
 the symmetric fixed point forever: when the latent indexes observations
 (``y_n ~ f(mu[z_n])``), its responsibilities start from k-means++ seeding on
-those observations (Arthur & Vassilvitskii 2007) with the rng_key; otherwise
-from random responsibilities.
+those observations (Arthur & Vassilvitskii 2007) with the rng_key, refined by
+a few k-means steps; otherwise from random responsibilities.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
+import numpyro.distributions as dist
 
 from blrppl.blr.build import mean_params
 from blrppl.errors import ModelError
+from blrppl.estimators.base import owner
 from blrppl.symbolic.expectation import GAUSSIAN
 
 
@@ -41,8 +43,12 @@ def _placeholder(q, node) -> Any:
     )
 
 
-def initial_natural(rng_key: jax.Array, plan: Any) -> dict:
-    """Natural parameters to start from (see the module docstring)."""
+def initial_natural(rng_key: jax.Array, plan: Any, init: Optional[Mapping[str, Any]] = None) -> dict:
+    """Natural parameters to start from (see the module docstring).
+
+    ``init`` maps sites to a numpyro distribution (q starts there) or a value
+    (q keeps the spread it has from the prior but is centred at the value).
+    """
     qs, graph = plan.qs, plan.graph
     natural = {v: _placeholder(q, graph.variables[v]) for v, q in qs.items()}
     by_factor = {est.factor: est for est in plan.estimators}
@@ -54,9 +60,7 @@ def initial_natural(rng_key: jax.Array, plan: Any) -> dict:
                 probs = jax.random.dirichlet(key, jnp.ones(q.num_categories), q.shape)
             natural[v] = q.family.stats_type(one_hot=jnp.log(probs))
             continue
-        priors = [
-            f for f, node in graph.factors.items() if node.kind == "prior" and node.neighbours[0] == v
-        ]
+        priors = [f for f in graph.factors if owner(graph, f) == v]
         if not priors:
             continue
         mean = mean_params(qs, natural)
@@ -70,7 +74,63 @@ def initial_natural(rng_key: jax.Array, plan: Any) -> dict:
                 f"site {v!r}: its prior does not define a proper starting q ({q.family.name}); "
                 "give the site a proper prior."
             )
+    for v, start in (init or {}).items():
+        natural[v] = _user_start(qs[v], natural[v], start)
     return natural
+
+
+def _user_start(q, natural, start):
+    """q's natural parameters from a user's ``init`` entry."""
+    if isinstance(start, dist.Distribution):
+        if q.transform is not None:
+            raise ModelError(
+                f"site {q.name!r}: its q is a Gaussian on the unconstrained space; pass a value in "
+                "the site's support as init, not a distribution."
+            )
+        try:
+            new = q.family.from_numpyro(start)
+        except Exception as error:  # noqa: BLE001 - re-raised with the site named
+            raise ModelError(f"site {q.name!r}: init distribution is not a {q.family.name} ({error}); pass one.") from None
+        return jax.tree.map(lambda a, old: jnp.broadcast_to(a, jnp.shape(old)), new, natural)
+    value = jnp.asarray(start, jnp.result_type(float))
+    if q.transform is not None:
+        value = q.transform.inv(value)
+    value = jnp.broadcast_to(value, q.shape)
+    usual = q.family.to_usual(natural)
+    kind = q.kind
+    if kind == GAUSSIAN:
+        if q.family.event_ndim == 0:
+            return q.family.from_usual(value, usual["scale"])
+        d = natural.x.shape[-1]
+        flat = jnp.reshape(value, q.batch_shape + (d,))
+        return natural._replace(x=-2.0 * jnp.einsum("...ij,...j->...i", natural.xxT, flat))
+    if kind == "gamma":
+        return q.family.from_usual(usual["concentration"], usual["concentration"] / value)
+    if kind == "inverse_gamma":
+        a = jnp.maximum(usual["concentration"], 2.0)
+        return q.family.from_usual(a, value * (a - 1.0))
+    if kind == "beta":
+        total = usual["concentration1"] + usual["concentration0"]
+        return q.family.from_usual(value * total, (1.0 - value) * total)
+    if kind == "dirichlet":
+        total = jnp.sum(usual["concentration"], -1, keepdims=True)
+        return q.family.from_usual(value * total)
+    if kind == "wishart":
+        n = usual["concentration"]
+        return q.family.from_usual(n, value / n[..., None, None])
+    if kind == "categorical":
+        probs = 0.9 * jax.nn.one_hot(value.astype(jnp.int32), q.num_categories) + 0.1 / q.num_categories
+        return q.family.stats_type(one_hot=jnp.log(probs))
+    if kind == "bernoulli":
+        return q.family.stats_type(x=jnp.where(value > 0.5, 1.0, -1.0) * jnp.log(9.0))
+    raise ModelError(f"site {q.name!r}: init by value is not available for {q.family.name}; pass a distribution.")
+
+
+LLOYD_STEPS = 10
+
+
+def _distances(points, centres):
+    return jnp.sum((points[:, None, :] - centres[None]) ** 2, -1)
 
 
 def _kmeans_responsibilities(rng_key, graph, var, q):
@@ -92,7 +152,12 @@ def _kmeans_responsibilities(rng_key, graph, var, q):
             distance = jnp.min(jnp.stack([jnp.sum((points - c) ** 2, -1) for c in centres]), 0)
             choice = jax.random.choice(keys[k], size, p=distance / jnp.sum(distance))
             centres.append(points[choice])
-        distance = jnp.stack([jnp.sum((points - c) ** 2, -1) for c in centres], -1)
-        hard = jax.nn.one_hot(jnp.argmin(distance, -1), num)
+        centres = jnp.stack(centres)
+        for _ in range(LLOYD_STEPS):  # A few k-means steps refine the seeding.
+            hard = jax.nn.one_hot(jnp.argmin(_distances(points, centres), -1), num)
+            counts = hard.sum(0)
+            moved = (hard.T @ points) / jnp.maximum(counts, 1.0)[:, None]
+            centres = jnp.where(counts[:, None] > 0, moved, centres)
+        hard = jax.nn.one_hot(jnp.argmin(_distances(points, centres), -1), num)
         return 0.9 * hard + 0.1 / num
     return None

@@ -62,9 +62,16 @@ class SVI(Engine):
         learning_rate: Union[float, Callable] = robbins_monro(1.0, 0.7),
         families: Optional[dict] = None,
         order: Optional[Sequence[str]] = None,
+        init: Optional[dict] = None,
     ):
         super().__init__(
-            model, mode=mode, schedule="sequential", learning_rate=learning_rate, families=families, order=order
+            model,
+            mode=mode,
+            schedule="sequential",
+            learning_rate=learning_rate,
+            families=families,
+            order=order,
+            init=init,
         )
 
     def plan(self, *model_args: Any, **model_kwargs: Any) -> Plan:
@@ -106,7 +113,7 @@ class SVI(Engine):
             local_axes=sub.local_axes,
             plate_factors=sub.plate_factors,
             rho=self._rho(),
-            init_natural=lambda key: initial_natural(key, plan),
+            init_natural=lambda key: initial_natural(key, plan, self.init),
             batch_key=batch_key,
             init_params=plan.init_params,
             order=self.order,

@@ -26,5 +26,6 @@ class VMP(Engine):
         mode: str = "global",
         families: Optional[dict] = None,
         order: Optional[Sequence[str]] = None,
+        init: Optional[dict] = None,
     ):
-        super().__init__(model, mode=mode, schedule="sequential", learning_rate=1.0, families=families, order=order)
+        super().__init__(model, mode=mode, schedule="sequential", learning_rate=1.0, families=families, order=order, init=init)

@@ -56,6 +56,16 @@ def example_latents(graph: FactorGraph) -> dict[str, jax.Array]:
     return out
 
 
+def owner(graph: FactorGraph, factor: str):
+    """The variable whose own prior ``factor`` is (None for other factors)."""
+    if graph.factors[factor].kind != "prior":
+        return None
+    for name, node in graph.variables.items():
+        if name == factor or (node.chain is not None and factor in node.chain.sites):
+            return name
+    return None
+
+
 def factor_log_density(
     graph: FactorGraph,
     factor: str,
@@ -78,7 +88,7 @@ def factor_log_density(
     is a vector over that plate's positions, summed over everything else.
     """
     node = graph.factors[factor]
-    own = node.neighbours[0] if node.kind == "prior" else None
+    own = owner(graph, factor)
 
     def log_factor(values: Mapping[str, Any], params: Mapping[str, Any]) -> jax.Array:
         constrained = {}

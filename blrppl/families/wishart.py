@@ -90,7 +90,7 @@ def solve_degrees_of_freedom(target: Array, d: int, num_steps: int = NEWTON_STEP
     return excess + d - 1.0
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _partial_step(d: int):
     return functools.partial(_newton_step, d)
 

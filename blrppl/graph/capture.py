@@ -72,7 +72,15 @@ def constructor_call(fn: Distribution) -> ConstructorCall:
     if call is not None:
         return call
     names = list(getattr(type(fn), "arg_constraints", {}))
-    arguments = {k: fn.__dict__[k] for k in names if k in fn.__dict__}
+    arguments = {}
+    for k in names:
+        if k in fn.__dict__:
+            arguments[k] = fn.__dict__[k]
+            continue
+        try:  # A parameter numpyro derives lazily (Wishart's, MVN's other forms).
+            arguments[k] = getattr(fn, k)
+        except Exception:  # noqa: BLE001 - not available in this parametrisation
+            continue
     for wrapped in ("base_dist",):
         if wrapped in fn.__dict__:
             arguments[wrapped] = fn.__dict__[wrapped]

@@ -15,6 +15,7 @@ reports the factor as non-conjugate.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Callable
 
@@ -216,6 +217,8 @@ def log_density(fn: Any, value: Any) -> Any:
     density = _DENSITIES.get(name)
     if density is None:
         raise Unsupported(f"no canonical log density for {name}")
+    accepted = inspect.signature(density).parameters
+    args = {k: v for k, v in args.items() if k in accepted}
     return _broadcast(density(value, **args), fn.batch_shape)
 
 

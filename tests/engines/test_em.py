@@ -6,6 +6,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
+import pytest
 from scipy.stats import norm
 
 import blrppl
@@ -59,3 +60,30 @@ def test_em_bound_equals_the_log_likelihood_at_convergence(rng_key):
     mu, sigma = np.asarray(result.params["mu"]), np.asarray(result.params["sigma"])
     log_likelihood = np.sum(np.log(np.sum(WEIGHTS * norm.pdf(y[:, None], mu, sigma), 1)))
     np.testing.assert_allclose(result.elbo[-1], log_likelihood, rtol=1e-8)
+
+
+def test_point_estimates_of_latent_sites_are_map_steps(rng_key):
+    from models import ZOO
+
+    entry = ZOO["normal_mean_precision"]
+    args, kwargs = entry.data()
+    y = np.asarray(kwargs["y"])
+    result = blrppl.EM(entry.model, point_estimates=["mu"]).run(rng_key, 200, *args, progress_bar=False, **kwargs)
+    assert "mu" in result.params and "mu" not in result.posterior
+    # Fixed point of: q(tau) = Gamma(1 + N/2, 1 + sum (y - mu)^2 / 2); mu = MAP given E[tau].
+    mu = 0.0
+    for _ in range(500):
+        a, b = 1.0 + y.size / 2.0, 1.0 + 0.5 * np.sum((y - mu) ** 2)
+        e_tau = a / b
+        mu = e_tau * y.sum() / (y.size * e_tau + 1.0 / 100.0)
+    np.testing.assert_allclose(result.params["mu"], mu, rtol=1e-9)
+    np.testing.assert_allclose(result.posterior["tau"].rate, b, rtol=1e-9)
+
+
+def test_unknown_point_estimate_is_a_model_error(rng_key):
+    from models import ZOO
+
+    entry = ZOO["normal_mean_precision"]
+    args, kwargs = entry.data()
+    with pytest.raises(blrppl.ModelError, match="'nope'"):
+        blrppl.EM(entry.model, point_estimates=["nope"]).run(rng_key, 2, *args, progress_bar=False, **kwargs)

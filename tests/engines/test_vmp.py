@@ -93,3 +93,19 @@ def test_resume_from_state_continues_the_run(rng_key):
     rest = engine.run(rng_key, 3, *args, progress_bar=False, init_state=first.state, **kwargs)
     np.testing.assert_allclose(rest.elbo, whole.elbo[3:], rtol=1e-12)
     assert int(rest.state.step) == 6
+
+
+def test_init_by_value_and_by_distribution(rng_key):
+    entry = ZOO["normal_mean_precision"]
+    args, kwargs = entry.data()
+    engine = blrppl.VMP(entry.model, init={"mu": 3.0, "tau": dist.Gamma(5.0, 2.0)})
+    state = engine.build(engine.plan(*args, **kwargs)).init(rng_key)
+    plan = engine.plan(*args, **kwargs)
+    mu = plan.qs["mu"].family.to_usual(state.natural["mu"])
+    tau = plan.qs["tau"].family.to_usual(state.natural["tau"])
+    np.testing.assert_allclose(mu["loc"], 3.0, rtol=1e-12)
+    np.testing.assert_allclose([tau["concentration"], tau["rate"]], [5.0, 2.0], rtol=1e-12)
+    # The fit from there reaches the same optimum as from the prior.
+    a = engine.run(rng_key, 100, *args, progress_bar=False, **kwargs)
+    b = blrppl.VMP(entry.model).run(rng_key, 100, *args, progress_bar=False, **kwargs)
+    np.testing.assert_allclose(a.elbo[-1], b.elbo[-1], rtol=1e-10)

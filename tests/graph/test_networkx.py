@@ -53,7 +53,7 @@ def test_to_networkx_keys_attributes_and_edges():
     }
     edge = g.edges[("factor", "y"), ("variable", "mu")]
     assert edge == {"conjugate": True, "reason": "Normal likelihood in the mean"}
-    assert g.edges[("factor", "y"), ("variable", "tau")]["conjugate"] is None
+    assert g.edges[("factor", "y"), ("variable", "tau")]["conjugate"] is True  # filled by trace
     assert g.degree[("factor", "y")] == 2
 
 

@@ -217,8 +217,21 @@ def test_zoo_graph(name, graphs):
     assert chains == expected.chains
     for f in fg.factors.values():
         assert set(f.edges) == set(f.neighbours)
-        assert all(e.conjugate is None for e in f.edges.values())
+        for edge in f.edges.values():
+            assert edge.conjugate in (True, False, None)
+            assert edge.conjugate is True or edge.reason  # a verdict other than True says why
         assert f.observed == (f.kind == "likelihood")
+    verdicts = {e.conjugate for f in fg.factors.values() for e in f.edges.values()}
+    if name in FULLY_CONJUGATE:
+        assert verdicts == {True}
+    elif name in HAS_NON_CONJUGATE:
+        assert False in verdicts
+
+
+FULLY_CONJUGATE = {"beta_bernoulli", "gamma_poisson", "normal_mean_precision", "linear_regression", "gaussian_mixture"}
+HAS_NON_CONJUGATE = {
+    "eight_schools_centered", "eight_schools_noncentered", "radon", "logistic_regression", "poisson_regression"
+}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

@@ -1,0 +1,26 @@
+"""Timing helpers shared by the benchmarks (best of several repeats, after warm-up)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import jax
+
+
+def best_time(fn: Callable[[], Any], repeats: int = 7) -> float:
+    """Best wall-clock seconds of ``fn()`` (blocked until ready), after one warm-up."""
+    jax.block_until_ready(fn())
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def table(rows: list[tuple], header: tuple) -> str:
+    """A plain-text table."""
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths))  # noqa: E731
+    return "\n".join([line(header), line(tuple("-" * w for w in widths))] + [line(r) for r in rows])
