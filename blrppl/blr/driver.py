@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import jax
@@ -32,7 +33,7 @@ def run(
 
     Args:
       algorithm: the ``InferenceAlgorithm`` to run.
-      rng_key: a JAX PRNG key; split once into per-step keys.
+      rng_key: a JAX PRNG key; step i uses ``fold_in(run_key, i)``.
       num_steps: the maximum number of steps (a positive integer).
       init_state: a state to resume from (``result.state``); else ``init``.
       tol: optional early-stopping threshold on the ELBO change.
@@ -47,36 +48,18 @@ def run(
     num_steps = int(num_steps)
     init_key, run_key = jax.random.split(rng_key)
     state = algorithm.init(init_key) if init_state is None else init_state
-    keys = jax.random.split(run_key, num_steps)
-    threshold = -1.0 if tol is None else float(tol)
     dtype = jnp.result_type(float)
+    threshold = jnp.asarray(-1.0 if tol is None else float(tol), dtype)
 
-    @jax.jit
-    def run_chunk(state, buffer, start, stop, previous, done):
-        def cond(carry):
-            i, _, _, _, done = carry
-            return (i < stop) & ~done
-
-        def body(carry):
-            i, state, buffer, previous, _ = carry
-            state, info = algorithm.step(keys[i], state)
-            elbo = info.elbo.astype(dtype)
-            buffer = buffer.at[i].set(elbo)
-            done = jnp.abs(elbo - previous) < threshold
-            return i + 1, state, buffer, elbo, done
-
-        i, state, buffer, previous, done = jax.lax.while_loop(
-            cond, body, (start, state, buffer, previous, done)
-        )
-        return i, state, buffer, previous, done
-
-    buffer = jnp.full((num_steps,), jnp.nan, dtype)
+    # The ELBO buffer's length is rounded up (at least 1024, then powers of two)
+    # so that runs of different lengths share one compilation.
+    buffer = jnp.full((max(1024, 1 << (num_steps - 1).bit_length()),), jnp.nan, dtype)
     previous = jnp.asarray(jnp.inf, dtype)
     done = jnp.asarray(False)
     start = jnp.asarray(0, jnp.int32)
     if not progress_bar:
-        end, state, buffer, previous, done = run_chunk(
-            state, buffer, start, jnp.asarray(num_steps, jnp.int32), previous, done
+        end, state, buffer, previous, done = _run_chunk(
+            algorithm, run_key, state, buffer, start, jnp.asarray(num_steps, jnp.int32), previous, done, threshold
         )
         return state, buffer[: int(end)]
 
@@ -85,8 +68,16 @@ def run(
     with tqdm.tqdm(total=num_steps) as bar:
         for stop in range(chunk, num_steps + chunk, chunk):
             stop = min(stop, num_steps)
-            new_end, state, buffer, previous, done = run_chunk(
-                state, buffer, jnp.asarray(end, jnp.int32), jnp.asarray(stop, jnp.int32), previous, done
+            new_end, state, buffer, previous, done = _run_chunk(
+                algorithm,
+                run_key,
+                state,
+                buffer,
+                jnp.asarray(end, jnp.int32),
+                jnp.asarray(stop, jnp.int32),
+                previous,
+                done,
+                threshold,
             )
             new_end = int(new_end)
             bar.update(new_end - end)
@@ -95,3 +86,27 @@ def run(
             if bool(done):
                 break
     return state, buffer[:end]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _run_chunk(algorithm, run_key, state, buffer, start, stop, previous, done, threshold):
+    """Steps ``start`` to ``stop`` (or until the ELBO settles) in one ``while_loop``.
+
+    Compiled once per algorithm (the algorithm is a static argument), whatever
+    the chunk bounds, tolerance or number of steps; step i's key is
+    ``fold_in(run_key, i)``, the same with and without a progress bar.
+    """
+
+    def cond(carry):
+        i, _, _, _, done = carry
+        return (i < stop) & ~done
+
+    def body(carry):
+        i, state, buffer, previous, _ = carry
+        state, info = algorithm.step(jax.random.fold_in(run_key, i), state)
+        elbo = info.elbo.astype(buffer.dtype)
+        buffer = buffer.at[i].set(elbo)
+        done = jnp.abs(elbo - previous) < threshold
+        return i + 1, state, buffer, elbo, done
+
+    return jax.lax.while_loop(cond, body, (start, state, buffer, previous, done))

@@ -17,7 +17,8 @@ Gaussian with block-tridiagonal precision) keeps only the statistics it needs
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp

@@ -1,7 +1,7 @@
 """The Bernoulli family over {0, 1}.
 
-    q(x = 1) = p,   T(x) = x,   λ = logit p,   μ = sigmoid(λ) = p,
-    A(λ) = softplus(λ) = log(1 + e^λ),   h(x) = 1.
+q(x = 1) = p,   T(x) = x,   λ = logit p,   μ = sigmoid(λ) = p,
+A(λ) = softplus(λ) = log(1 + e^λ),   h(x) = 1.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ def from_usual(
     """Return λ = logit p from exactly one of ``probs`` or ``logits``.
 
     Example:
-        >>> from_usual(probs=0.5)
-        BernoulliStats(x=Array(0., dtype=float64))
+        >>> from_usual(probs=0.5).x.tolist()
+        0.0
     """
     if (probs is None) == (logits is None):
         raise ValueError("give exactly one of probs or logits.")
@@ -93,7 +93,9 @@ def to_numpyro(natural: BernoulliStats) -> dist.BernoulliLogits:
     return dist.BernoulliLogits(natural.x)
 
 
-def sample(rng_key: PRNGKey, natural: BernoulliStats, sample_shape: tuple = ()) -> Array:
+def sample(
+    rng_key: PRNGKey, natural: BernoulliStats, sample_shape: tuple = ()
+) -> Array:
     """Draw integer 0/1 values as numpyro does, shape ``sample_shape + batch_shape``."""
     return to_numpyro(natural).sample(rng_key, tuple(sample_shape))
 

@@ -76,8 +76,8 @@ def from_usual(concentration1: ArrayLike, concentration0: ArrayLike) -> BetaStat
     """Return λ of numpyro's Beta(concentration1=α, concentration0=β).
 
     Example:
-        >>> from_usual(2.0, 3.0)
-        BetaStats(log_x=Array(1., dtype=float64), log1m_x=Array(2., dtype=float64))
+        >>> [float(v) for v in from_usual(2.0, 3.0)]
+        [1.0, 2.0]
     """
     a, b = jnp.broadcast_arrays(*_util.as_floats(concentration1, concentration0))
     return BetaStats(log_x=a - 1.0, log1m_x=b - 1.0)

@@ -35,7 +35,9 @@ class CategoricalStats(NamedTuple):
     one_hot: Array
 
 
-def sufficient_stats(x: ArrayLike, num_categories: int | None = None) -> CategoricalStats:
+def sufficient_stats(
+    x: ArrayLike, num_categories: int | None = None
+) -> CategoricalStats:
     """Return T(x) = one_hot(x, K) for integer categories ``x``.
 
     Args:
@@ -83,8 +85,9 @@ def from_usual(
     """Return λ = log π from exactly one of ``probs`` or (unnormalised) ``logits``.
 
     Example:
-        >>> from_usual(probs=jnp.array([0.5, 0.5]))
-        CategoricalStats(one_hot=Array([-0.69314718, -0.69314718], dtype=float64))
+        >>> nat = from_usual(probs=jnp.array([0.25, 0.25, 0.5]))
+        >>> [round(float(v), 4) for v in nat.one_hot]
+        [-1.3863, -1.3863, -0.6931]
     """
     if (probs is None) == (logits is None):
         raise ValueError("give exactly one of probs or logits.")

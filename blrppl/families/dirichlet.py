@@ -131,8 +131,8 @@ def from_usual(concentration: ArrayLike) -> DirichletStats:
     """Return λ = α - 1 of Dirichlet(concentration=α).
 
     Example:
-        >>> from_usual(jnp.array([1.0, 2.0]))
-        DirichletStats(log_x=Array([0., 1.], dtype=float64))
+        >>> from_usual(jnp.array([1.0, 2.0])).log_x.tolist()
+        [0.0, 1.0]
     """
     (alpha,) = _util.as_floats(concentration)
     return DirichletStats(log_x=alpha - 1.0)
@@ -149,7 +149,9 @@ def from_numpyro(d: dist.Distribution) -> DirichletStats:
     if not isinstance(base, dist.Dirichlet):
         raise _util.not_in_family(d, "Dirichlet")
     shape = tuple(d.batch_shape) + tuple(d.event_shape)
-    return DirichletStats(log_x=jnp.broadcast_to(from_usual(base.concentration).log_x, shape))
+    return DirichletStats(
+        log_x=jnp.broadcast_to(from_usual(base.concentration).log_x, shape)
+    )
 
 
 def to_numpyro(natural: DirichletStats) -> dist.Dirichlet:
@@ -157,7 +159,9 @@ def to_numpyro(natural: DirichletStats) -> dist.Dirichlet:
     return dist.Dirichlet(natural.log_x + 1.0)
 
 
-def sample(rng_key: PRNGKey, natural: DirichletStats, sample_shape: tuple = ()) -> Array:
+def sample(
+    rng_key: PRNGKey, natural: DirichletStats, sample_shape: tuple = ()
+) -> Array:
     """Draw x ~ Dir(α), shape ``sample_shape + batch_shape + (K,)``."""
     alpha = natural.log_x + 1.0
     shape = tuple(sample_shape) + alpha.shape[:-1]

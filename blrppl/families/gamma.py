@@ -111,8 +111,8 @@ def from_usual(concentration: ArrayLike, rate: ArrayLike) -> GammaStats:
     """Return λ = (a - 1, -b) of Gamma(concentration=a, rate=b).
 
     Example:
-        >>> from_usual(2.0, 3.0)
-        GammaStats(log_x=Array(1., dtype=float64), x=Array(-3., dtype=float64))
+        >>> [float(v) for v in from_usual(2.0, 3.0)]
+        [1.0, -3.0]
     """
     a, b = jnp.broadcast_arrays(*_util.as_floats(concentration, rate))
     return GammaStats(log_x=a - 1.0, x=-b)

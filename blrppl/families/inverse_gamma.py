@@ -78,8 +78,8 @@ def from_usual(concentration: ArrayLike, rate: ArrayLike) -> InverseGammaStats:
     """Return λ = (-(a + 1), -b) of numpyro's InverseGamma(concentration=a, rate=b).
 
     Example:
-        >>> from_usual(2.0, 3.0)
-        InverseGammaStats(log_x=Array(-3., dtype=float64), inv_x=Array(-3., dtype=float64))
+        >>> [float(v) for v in from_usual(2.0, 3.0)]
+        [-3.0, -3.0]
     """
     a, b = jnp.broadcast_arrays(*_util.as_floats(concentration, rate))
     return InverseGammaStats(log_x=-a - 1.0, inv_x=-b)

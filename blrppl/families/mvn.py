@@ -26,7 +26,10 @@ from blrppl.families.base import ExpFamily
 
 
 class MVNStats(NamedTuple):
-    """T(x) = (x, x xᵀ), shapes (..., d) and (..., d, d); λ = (Λm, -Λ/2); μ = (m, Σ + m mᵀ)."""
+    """T(x) = (x, x xᵀ), shapes (..., d) and (..., d, d).
+
+    λ = (Λm, -Λ/2) and μ = (m, Σ + m mᵀ) have the same fields and shapes.
+    """
 
     x: Array
     xxT: Array
@@ -95,7 +98,9 @@ def natural_params(mean: MVNStats) -> MVNStats:
 def _from_loc_precision(loc: Array, precision: Array) -> MVNStats:
     precision = _util.symmetrize(precision)
     loc = jnp.broadcast_to(loc, precision.shape[:-1])
-    return MVNStats(x=jnp.einsum("...ij,...j->...i", precision, loc), xxT=-0.5 * precision)
+    return MVNStats(
+        x=jnp.einsum("...ij,...j->...i", precision, loc), xxT=-0.5 * precision
+    )
 
 
 def from_usual(
@@ -112,23 +117,26 @@ def from_usual(
 
     Example:
         >>> nat = from_usual(jnp.zeros(2), precision_matrix=2.0 * jnp.eye(2))
-        >>> nat.xxT
-        Array([[-1., -0.],
-               [-0., -1.]], dtype=float64)
+        >>> (nat.xxT + 0.0).tolist()
+        [[-1.0, 0.0], [0.0, -1.0]]
     """
     given = [m is not None for m in (covariance_matrix, precision_matrix, scale_tril)]
     if sum(given) != 1:
         raise ValueError(
             "give exactly one of covariance_matrix, precision_matrix or scale_tril."
         )
-    matrix = next(m for m in (covariance_matrix, precision_matrix, scale_tril) if m is not None)
+    matrix = next(
+        m for m in (covariance_matrix, precision_matrix, scale_tril) if m is not None
+    )
     loc, matrix = _util.as_floats(loc, matrix)
     if precision_matrix is not None:
         precision = matrix
     elif scale_tril is not None:
         precision = _util.cholesky_inverse(jnp.tril(matrix))
     else:
-        precision = _util.cholesky_inverse(jnp.linalg.cholesky(_util.symmetrize(matrix)))
+        precision = _util.cholesky_inverse(
+            jnp.linalg.cholesky(_util.symmetrize(matrix))
+        )
     batch = jnp.broadcast_shapes(loc.shape[:-1], precision.shape[:-2])
     d = precision.shape[-1]
     precision = jnp.broadcast_to(precision, batch + (d, d))
@@ -156,7 +164,9 @@ def from_numpyro(d: dist.Distribution) -> MVNStats:
         shape = tuple(d.batch_shape) + tuple(d.event_shape)
         precision = jnp.broadcast_to(scale**-2, shape)
         eye = jnp.eye(shape[-1], dtype=precision.dtype)
-        nat = _from_loc_precision(jnp.broadcast_to(loc, shape), precision[..., None] * eye)
+        nat = _from_loc_precision(
+            jnp.broadcast_to(loc, shape), precision[..., None] * eye
+        )
     else:
         raise _util.not_in_family(d, "MultivariateNormal")
     dim = nat.x.shape[-1]

@@ -54,7 +54,9 @@ def expected_log_base_measure(natural: NormalStats) -> Array:
 
 def log_normalizer(natural: NormalStats) -> Array:
     """Return A(λ) = -λ₁² / (4λ₂) + ½ log(-π / λ₂), elementwise."""
-    return -(natural.x**2) / (4.0 * natural.x_sq) + 0.5 * jnp.log(-math.pi / natural.x_sq)
+    return -(natural.x**2) / (4.0 * natural.x_sq) + 0.5 * jnp.log(
+        -math.pi / natural.x_sq
+    )
 
 
 def mean_params(natural: NormalStats) -> NormalStats:
@@ -73,8 +75,8 @@ def from_usual(loc: ArrayLike, scale: ArrayLike) -> NormalStats:
     """Return λ of N(loc, scale²), broadcast to a common shape.
 
     Example:
-        >>> from_usual(1.0, 2.0)
-        NormalStats(x=Array(0.25, dtype=float64), x_sq=Array(-0.125, dtype=float64))
+        >>> [float(v) for v in from_usual(1.0, 2.0)]
+        [0.25, -0.125]
     """
     loc, scale = _util.as_floats(loc, scale)
     loc, scale = jnp.broadcast_arrays(loc, scale)
@@ -185,4 +187,4 @@ DIAGONAL_NORMAL = ExpFamily(
     is_valid=_diagonal_is_valid,
     batch_shape=lambda natural: tuple(jnp.shape(natural.x)[:-1]),
 )
-"""Mean-field Normal over vectors: ``Normal(loc, scale).to_event(1)``, λ shaped (..., d)."""
+"""Mean-field Normal over vectors, ``Normal(loc, scale).to_event(1)``; λ is (..., d)."""

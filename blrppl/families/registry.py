@@ -1,4 +1,4 @@
-"""Family names, the default q family of a numpyro prior, and prior natural parameters."""
+"""Family names, the default q family of a numpyro prior, and its natural parameters."""
 
 from __future__ import annotations
 
@@ -62,9 +62,7 @@ def get_family(name: str) -> ExpFamily:
         return FAMILIES[name]
     except (KeyError, TypeError):
         known = ", ".join(sorted(FAMILIES))
-        raise ModelError(
-            f"unknown q family {name!r}; use one of {known}."
-        ) from None
+        raise ModelError(f"unknown q family {name!r}; use one of {known}.") from None
 
 
 def family_for_distribution(d: dist.Distribution) -> str | None:
@@ -104,7 +102,8 @@ def prior_natural(family_name: str, d: dist.Distribution) -> ArrayTree:
         ModelError: if the name is unknown or ``d`` is not in that family.
 
     Example:
-        >>> prior_natural("Normal", dist.Normal(0.0, 1.0).expand([2]))
-        NormalStats(x=Array([0., 0.], dtype=float64), x_sq=Array([-0.5, -0.5], dtype=float64))
+        >>> natural = prior_natural("Normal", dist.Normal(0.0, 1.0).expand([2]))
+        >>> natural.x_sq.tolist()
+        [-0.5, -0.5]
     """
     return get_family(family_name).from_numpyro(d)

@@ -34,6 +34,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpyro.distributions as dist
+from jax.scipy.linalg import solve_triangular
 from jax.scipy.special import digamma, multigammaln, polygamma
 from numpyro.distributions import constraints
 
@@ -70,7 +71,9 @@ def _df_rate(natural: WishartStats) -> tuple[Array, Array]:
     return 2.0 * natural.log_det_x + d + 1.0, rate
 
 
-def solve_degrees_of_freedom(target: Array, d: int, num_steps: int = NEWTON_STEPS) -> Array:
+def solve_degrees_of_freedom(
+    target: Array, d: int, num_steps: int = NEWTON_STEPS
+) -> Array:
     """Solve f(n) = ψ_d(n/2) + d log 2 - d log n = target (< 0) for n > d - 1.
 
     Newton's method in t = 1/(n - d + 1). The start n₀ - d + 1 = d(d + 1)/(2|c|)
@@ -136,7 +139,9 @@ def mean_params(natural: WishartStats) -> WishartStats:
     n, rate = _df_rate(natural)
     chol = jnp.linalg.cholesky(rate)
     scale = _util.cholesky_inverse(chol)
-    log_det = _multidigamma(0.5 * n, d) + d * math.log(2.0) - _util.cholesky_log_det(chol)
+    log_det = (
+        _multidigamma(0.5 * n, d) + d * math.log(2.0) - _util.cholesky_log_det(chol)
+    )
     return WishartStats(x=n[..., None, None] * scale, log_det_x=log_det)
 
 
@@ -162,9 +167,8 @@ def from_usual(
         ValueError: if not exactly one matrix argument is given.
 
     Example:
-        >>> nat = from_usual(4.0, jnp.eye(2))
-        >>> nat.log_det_x
-        Array(0.5, dtype=float64)
+        >>> float(from_usual(4.0, jnp.eye(2)).log_det_x)
+        0.5
     """
     given = [m is not None for m in (scale_matrix, rate_matrix, scale_tril)]
     if sum(given) != 1:
@@ -188,7 +192,10 @@ def from_usual(
 def to_usual(natural: WishartStats) -> dict[str, Array]:
     """Return ``{"concentration": n, "scale_matrix": V}`` (numpyro's names)."""
     n, rate = _df_rate(natural)
-    return {"concentration": n, "scale_matrix": _util.cholesky_inverse(jnp.linalg.cholesky(rate))}
+    return {
+        "concentration": n,
+        "scale_matrix": _util.cholesky_inverse(jnp.linalg.cholesky(rate)),
+    }
 
 
 def from_numpyro(d: dist.Distribution) -> WishartStats:
@@ -214,12 +221,37 @@ def to_numpyro(natural: WishartStats) -> dist.Wishart:
 
 
 def sample(rng_key: PRNGKey, natural: WishartStats, sample_shape: tuple = ()) -> Array:
-    """Draw X ~ Wishart(n, V) (numpyro's Bartlett sampler), shape ``sample_shape + batch + (d, d)``."""
-    return to_numpyro(natural).sample(rng_key, tuple(sample_shape))
+    """Draw X ~ Wishart(n, V) by the Bartlett decomposition.
+
+    With R = V⁻¹ = C Cᵀ (Cholesky) and A lower triangular, A_ii = sqrt(χ²_{n-i}),
+    i = 0, ..., d-1, and A_ij ~ N(0, 1) below the diagonal, A Aᵀ ~ W(n, I), so
+    X = (C⁻ᵀA)(C⁻ᵀA)ᵀ ~ W(n, C⁻ᵀC⁻¹) = W(n, V).
+
+    Returns:
+        X of shape ``sample_shape + batch_shape + (d, d)``.
+    """
+    n, rate = _df_rate(natural)
+    d = rate.shape[-1]
+    shape = tuple(sample_shape) + n.shape
+    chi2_key, normal_key = jax.random.split(rng_key)
+    half_df = (n[..., None] - jnp.arange(d, dtype=n.dtype)) / 2  # (n - i) / 2
+    chi2 = 2.0 * jax.random.gamma(chi2_key, half_df, shape + (d,), dtype=n.dtype)
+    normal = jax.random.normal(normal_key, shape + (d, d), dtype=n.dtype)
+    bartlett = jnp.tril(normal, -1) + jnp.sqrt(chi2)[..., None] * jnp.eye(
+        d, dtype=n.dtype
+    )
+    chol_t = jnp.broadcast_to(
+        jnp.swapaxes(jnp.linalg.cholesky(rate), -1, -2), shape + (d, d)
+    )
+    factor = solve_triangular(chol_t, bartlett, lower=False)  # C⁻ᵀ A
+    return factor @ jnp.swapaxes(factor, -1, -2)
 
 
 def is_valid(natural: WishartStats) -> Array:
-    """Return R = -(λ₁ + λ₁ᵀ) positive definite and n > d - 1 (λ₂ > -1), batch shaped."""
+    """Return R = -(λ₁ + λ₁ᵀ) positive definite and n > d - 1 (λ₂ > -1).
+
+    The result is batch shaped.
+    """
     n, rate = _df_rate(natural)
     d = natural.x.shape[-1]
     ok_df = jnp.isfinite(n) & (n > d - 1.0)

@@ -358,7 +358,15 @@ def reduce_sum(poly: Poly, axes: Sequence[int], space: Labels) -> Poly:
         terms.append(Term(term.coeff * factor, term.operands, term.atoms))
     shape = tuple(n for i, n in enumerate(poly.shape) if i not in axes)
     labels = tuple(lab for i, lab in enumerate(poly.labels) if i not in axes)
-    return Poly(shape, labels, _clean(terms), poly.selectors)
+    return _private_sums(Poly(shape, labels, _clean(terms), poly.selectors), space)
+
+
+def _private_sums(poly: Poly, space: Labels) -> Poly:
+    """Give every summed label fresh names, so that no summed label of one
+    Poly can collide with an output label another Poly later renames to."""
+    keep = free_labels(poly)
+    terms = tuple(rename_internal(t, keep, space) for t in poly.terms)
+    return Poly(poly.shape, poly.labels, terms, poly.selectors)
 
 
 def dot_general(poly: Poly, other: Poly, dimension_numbers, space: Labels) -> Poly:
@@ -385,7 +393,7 @@ def dot_general(poly: Poly, other: Poly, dimension_numbers, space: Labels) -> Po
         + tuple(lab for i, lab in enumerate(other.labels) if i not in rc + rb)
     )
     shape = tuple(space.size[lab] for lab in out_labels)
-    return Poly(shape, out_labels, terms, lhs.selectors + rhs.selectors)
+    return _private_sums(Poly(shape, out_labels, terms, lhs.selectors + rhs.selectors), space)
 
 
 def reindex(poly: Poly, positions: np.ndarray, space: Labels) -> Poly:

@@ -207,13 +207,27 @@ def _gather_axis(
 def substitute_array(
     array: np.ndarray, labels: Sequence[Label], subs: dict[Label, Substitution]
 ) -> tuple[np.ndarray, tuple[Label, ...]]:
-    """Apply label substitutions to a labelled constant array."""
-    labels = list(labels)
+    """Apply label substitutions to a labelled constant array, simultaneously.
+
+    Renames and gathers are applied as one substitution (``{a: b, b: a}``
+    swaps two labels); a label that then appears twice reads the diagonal.
+    """
     array = np.asarray(array)
-    for label in [lab for lab in labels if lab in subs]:
-        array, labels = _gather_axis(array, labels, label, subs[label])
-        array, labels = _dedupe_axes(array, labels)
-    return array, tuple(labels)
+    # Stand-in labels keep the original axes apart while gathers reshape them.
+    stand_in = [("axis", i) for i in range(len(labels))]
+    current = list(stand_in)
+    final: dict = {}
+    for i, label in enumerate(labels):
+        sub = subs.get(label)
+        if sub is None:
+            final[stand_in[i]] = label
+        elif sub.array is None:
+            final[stand_in[i]] = sub.labels[0]
+        else:
+            array, current = _gather_axis(array, current, stand_in[i], sub)
+    new_labels = [final.get(lab, lab) for lab in current]
+    array, new_labels = _dedupe_axes(array, new_labels)
+    return array, tuple(new_labels)
 
 
 def _substitute_index(index: Index, subs: dict[Label, Substitution], size: Optional[int]) -> Index:

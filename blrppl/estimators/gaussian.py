@@ -1,0 +1,314 @@
+"""Gaussian q: natural gradients by Bonnet and Price, and a positive-definite BLR step.
+
+A Gaussian block of q is given by its mean parameters, in one of two layouts:
+
+- :class:`~blrppl.families.normal.NormalStats` ``(x, x_sq)``: independent scalar
+  Gaussians, one per element, any shape (a diagonal / mean-field Gaussian);
+  μ = (m, m² + v), λ = (m / v, -1 / (2v)).
+- :class:`~blrppl.families.mvn.MVNStats` ``(x, xxT)``: independent full-covariance
+  Gaussians over the last axis, batch dimensions leading, shapes (..., d) and
+  (..., d, d); μ = (m, Σ + m mᵀ), λ = (Λ m, -Λ/2), Λ = Σ⁻¹.
+
+For a log factor log f with gradient g and Hessian H, the natural gradient of
+E_q[log f] (the site parameter increment, in natural-parameter coordinates) is,
+by Bonnet's and Price's theorems (Khan & Rue, Eqs. 10-11, with log f = -ℓ̄)::
+
+    ∇_{μ1} E_q[log f] = E_q[g] - E_q[H] m,     ∇_{μ2} E_q[log f] = E_q[H] / 2.
+
+For a diagonal q, H is replaced by diag(H) in both terms (the x_sq coefficient is
+E[H_ii] / 2 elementwise). Adding the site parameter to λ adds -E[H] to the
+precision: a concave log f makes q more concentrated.
+
+.. warning::
+   Sign conventions: ``xxT`` / ``x_sq`` hold -Λ/2 (negative definite for a
+   valid q), never the precision itself. :func:`precision` returns
+   Λ = -(λ₂ + λ₂ᵀ) (MVN) or -2 λ₂ (Normal). Estimates of E[H] are Hessians of
+   log f (not of a loss), so they are negative (semi-)definite when log f is
+   concave.
+
+The estimators (:mod:`~blrppl.estimators.delta`,
+:mod:`~blrppl.estimators.monte_carlo`, :mod:`~blrppl.estimators.quadrature`) are
+:class:`GaussianEstimator` values built by factories;
+``estimate(rng_key, mean, log_factor) -> (value, nat_grad)`` where ``value``
+estimates E_q[log f] and ``nat_grad`` has the layout of ``mean``. ``log_factor``
+takes an array shaped like ``mean.x`` and returns log f, either as a scalar or as
+an array (which is summed).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, NamedTuple, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.linalg import cho_solve, solve_triangular
+
+from blrppl._types import Array, ArrayLike
+from blrppl.families import _util
+from blrppl.families import mvn as _mvn
+from blrppl.families import normal as _normal
+from blrppl.families.mvn import MVNStats
+from blrppl.families.normal import NormalStats
+
+GaussianStats = Union[NormalStats, MVNStats]
+
+
+class GaussianEstimator(NamedTuple):
+    """Estimates E_q[log f] and its natural gradient ĝ = ∇_μ E_q[log f] for Gaussian q.
+
+    Attributes:
+      estimate: ``(rng_key, mean, log_factor) -> (value, nat_grad)``; ``mean``
+        is μ of q (``NormalStats`` or ``MVNStats``), ``nat_grad`` has the same
+        layout. Deterministic estimators ignore ``rng_key`` (``None`` is fine).
+      method: ``"delta"``, ``"mc"`` or ``"quadrature"`` (the option strings of
+        DESIGN.md).
+    """
+
+    estimate: Callable[..., Any]
+    method: str
+
+
+def is_full(stats: GaussianStats) -> bool:
+    """Return True for ``MVNStats`` (full covariance), False for ``NormalStats``.
+
+    Raises:
+      TypeError: for any other layout.
+    """
+    if isinstance(stats, MVNStats):
+        return True
+    if isinstance(stats, NormalStats):
+        return False
+    raise TypeError(
+        f"expected NormalStats or MVNStats mean parameters, got {type(stats).__name__}; "
+        "the Gaussian estimators only handle Gaussian q."
+    )
+
+
+def loc_cov(mean: GaussianStats) -> tuple[Array, Array]:
+    """Return (m, v) for ``NormalStats`` or (m, Σ) for ``MVNStats`` from μ.
+
+    v = μ₂ - μ₁² elementwise; Σ = μ₂ - μ₁μ₁ᵀ, symmetrised.
+    """
+    if is_full(mean):
+        return mean.x, _util.symmetrize(mean.xxT - _util.outer(mean.x))
+    return mean.x, mean.x_sq - mean.x**2
+
+
+def loc_scale(mean: GaussianStats) -> tuple[Array, Array]:
+    """Return (m, √v) elementwise, or (m, L) with L L ᵀ = Σ (lower Cholesky)."""
+    loc, cov = loc_cov(mean)
+    if is_full(mean):
+        return loc, jnp.linalg.cholesky(cov)
+    return loc, jnp.sqrt(cov)
+
+
+def scale_noise(mean: GaussianStats, scale: Array, eps: Array) -> Array:
+    """Return L ε (or √v ε) for standard normal ``eps`` shaped ``sample + mean.x.shape``."""
+    if is_full(mean):
+        return jnp.einsum("...ij,...j->...i", scale, eps)
+    return scale * eps
+
+
+def natural_gradient(
+    mean: GaussianStats, expected_grad: ArrayLike, expected_hessian: ArrayLike
+) -> GaussianStats:
+    """Assemble ∇_μ E_q[log f] from E[g] and E[H] (Khan & Rue, Eqs. 10-11).
+
+    .. math::
+
+        \\nabla_{\\mu_1} = E[g] - E[H] m, \\qquad \\nabla_{\\mu_2} = E[H] / 2.
+
+    Args:
+      mean: μ of q; only m = μ₁ and the layout are used.
+      expected_grad: E_q[∇ log f], shaped like ``mean.x``.
+      expected_hessian: for ``NormalStats``, E_q[∂² log f / ∂x_i²] shaped like
+        ``mean.x`` (the diagonal, used in both terms); for ``MVNStats``, the
+        per-block E_q[∇² log f], shape (..., d, d) (symmetrised here).
+
+    Returns:
+      The natural gradient in the layout of ``mean``.
+
+    Example:
+        >>> mean = NormalStats(x=jnp.array(1.0), x_sq=jnp.array(2.0))
+        >>> natural_gradient(mean, jnp.array(0.5), jnp.array(-2.0))
+        NormalStats(x=Array(2.5, dtype=float64), x_sq=Array(-1., dtype=float64))
+    """
+    loc = mean.x
+    if is_full(mean):
+        hessian = _util.symmetrize(jnp.asarray(expected_hessian))
+        return MVNStats(
+            x=expected_grad - jnp.einsum("...ij,...j->...i", hessian, loc),  # Eq. 10
+            xxT=0.5 * hessian,  # Eq. 11
+        )
+    return NormalStats(
+        x=expected_grad - expected_hessian * loc,  # Eq. 10, diag(E[H])
+        x_sq=0.5 * expected_hessian,  # Eq. 11, elementwise
+    )
+
+
+def total_log_factor(log_factor: Callable[[Array], ArrayLike]) -> Callable[[Array], Array]:
+    """Wrap ``log_factor`` so that it returns a scalar (the sum of its output)."""
+
+    def total(x: Array) -> Array:
+        return jnp.sum(log_factor(x))
+
+    return total
+
+
+def block_hessian(
+    log_factor: Callable[[Array], Array], x: Array, full: bool, separable: bool
+) -> Array:
+    """Return the blocks of ∇² log f at ``x`` that q's layout needs.
+
+    For a diagonal q (``full=False``) the diagonal, shaped like ``x``; for a
+    full-covariance q (``full=True``, ``x`` shaped (..., d)) the d x d blocks on
+    the diagonal, shaped (..., d, d).
+
+    Args:
+      log_factor: scalar-valued log f.
+      x: the point.
+      full: the layout (see above).
+      separable: promise that log f is a sum of terms each touching one element
+        (diagonal) or one block (full), so that the wanted blocks are H·1 (one
+        Hessian-vector product) or H·(e_j in every block) (d products). Without
+        it the whole (n x n) Hessian is formed, n = x.size: exact for any log f
+        but quadratic in n.
+    """
+    grad = jax.grad(log_factor)
+
+    def hvp(direction: Array) -> Array:
+        return jax.jvp(grad, (x,), (direction,))[1]
+
+    if separable:
+        if not full:
+            return hvp(jnp.ones_like(x))
+        d = x.shape[-1]
+        basis = jnp.broadcast_to(jnp.eye(d, dtype=x.dtype), (d,) + x.shape)
+        columns = jax.vmap(hvp)(basis)  # (d, ..., d): column j of every block
+        return _util.symmetrize(jnp.moveaxis(columns, 0, -1))
+    n = x.size
+    flat_hessian = jax.hessian(lambda flat: log_factor(flat.reshape(x.shape)))(x.reshape(n))
+    if not full:
+        return jnp.diagonal(flat_hessian).reshape(x.shape)
+    d = x.shape[-1]
+    blocks = n // d
+    per_block = flat_hessian.reshape(blocks, d, blocks, d)
+    index = np.arange(blocks)
+    return per_block[index, :, index, :].reshape(x.shape + (d,))
+
+
+# Precision safeguards.
+
+
+def precision(natural: GaussianStats) -> Array:
+    """Return the precision Λ of q from λ: -2 x_sq (Normal) or -(xxT + xxTᵀ) (MVN)."""
+    if is_full(natural):
+        return -(natural.xxT + jnp.swapaxes(natural.xxT, -1, -2))
+    return -2.0 * natural.x_sq
+
+
+def precision_is_positive_definite(natural: Any) -> Array:
+    """Report whether a candidate λ is a valid Gaussian: Λ positive definite, λ finite.
+
+    Nothing is clipped or repaired; use the answer to reject a step, shrink ρ,
+    or switch to :func:`positive_definite_step`.
+
+    Args:
+      natural: λ as ``NormalStats``, ``MVNStats``, or a mapping (e.g. variable
+        name -> λ) of them.
+
+    Returns:
+      A boolean array: for ``NormalStats`` elementwise (shape of ``x``), for
+      ``MVNStats`` one per block (batch shape). For a mapping, a scalar: all
+      blocks of all entries valid. Reduce with ``jnp.all`` for one verdict.
+    """
+    if isinstance(natural, Mapping):
+        verdicts = [jnp.all(precision_is_positive_definite(v)) for v in natural.values()]
+        return jnp.all(jnp.stack(verdicts)) if verdicts else jnp.asarray(True)
+    if is_full(natural):
+        return _mvn.is_valid(natural)
+    return _normal.is_valid(natural)
+
+
+def positive_definite_step(
+    natural: Any, target: Any, rho: ArrayLike, *, only_if_needed: bool = False
+) -> Any:
+    """Take the BLR step λ ← (1-ρ)λ + ρλ̂ keeping the precision positive definite.
+
+    The improved BLR of Lin, Schmidt & Khan (2020, "Handling the
+    positive-definite constraint in the Bayesian learning rule", ICML; their
+    Gaussian case) adds a second-order term to the precision step. With
+    S = Λ the current precision (from ``natural``), Ŝ the precision of the
+    target λ̂ (``target``, usually λ₀ + Σ_f ĝ_f, possibly indefinite when the
+    ĝ_f are estimates of non-concave factors), G = Ŝ - S, m = S⁻¹ λ₁::
+
+        S_new = (1 - ρ) S + ρ Ŝ + (ρ² / 2) G S⁻¹ G
+              = ½ S + ½ (S + ρG) S⁻¹ (S + ρG)             (positive definite)
+        m_new = m + ρ S_new⁻¹ (λ̂₁ - Ŝ m)                  (Khan & Rue, Eq. 12)
+        λ_new = (S_new m_new, -S_new / 2)
+
+    Here λ̂₁ - Ŝ m = ∇_m E_q[log p̄] is the gradient of the expected log joint,
+    so the mean step is Newton-like with the new precision. Without the ρ² term
+    this is exactly the plain rule (Khan & Rue, Eq. 58): the improved step equals
+    the plain one plus (c m, -c / 2) with c = (ρ²/2) G S⁻¹ G, a second-order
+    difference. For a diagonal q the same formulas hold elementwise. S must be
+    positive definite on entry (as it is for any valid q); Ŝ need not be.
+
+    .. warning::
+       ``xxT`` / ``x_sq`` hold -Λ/2, so S = -2 · (xxT coefficient); a target with
+       an *indefinite* precision is one whose ``xxT`` is not negative definite.
+       With ρ = 1 and a positive-definite target this step is *not* the plain
+       (VMP) step, because the correction G S⁻¹ G / 2 remains; pass
+       ``only_if_needed=True`` to take the plain step wherever it is valid.
+
+    Args:
+      natural: the current λ (``NormalStats``, ``MVNStats``, or a mapping of them).
+      target: λ̂, same structure and shapes.
+      rho: step size ρ in (0, 1], a scalar.
+      only_if_needed: use the plain step (1-ρ)λ + ρλ̂ for every block (element
+        for ``NormalStats``) where it is a valid Gaussian, and the improved step
+        only elsewhere. Still no clipping: each block is one of the two rules.
+
+    Returns:
+      The new λ, same structure as ``natural``.
+
+    Example:
+        >>> lam = NormalStats(x=jnp.array(0.0), x_sq=jnp.array(-0.5))
+        >>> bad = NormalStats(x=jnp.array(1.0), x_sq=jnp.array(0.5))  # precision -1
+        >>> new = positive_definite_step(lam, bad, 0.5)
+        >>> bool(precision_is_positive_definite(new))
+        True
+    """
+    if isinstance(natural, Mapping):
+        return {
+            name: positive_definite_step(lam, target[name], rho, only_if_needed=only_if_needed)
+            for name, lam in natural.items()
+        }
+    rho = jnp.asarray(rho, dtype=jnp.result_type(natural.x))
+    full = is_full(natural)
+    s_old, s_target = precision(natural), precision(target)
+    gap = s_target - s_old
+    if full:
+        chol = jnp.linalg.cholesky(_util.symmetrize(s_old))
+        loc = cho_solve((chol, True), natural.x[..., None])[..., 0]
+        whitened = solve_triangular(chol, gap, lower=True)  # L⁻¹ G
+        correction = jnp.swapaxes(whitened, -1, -2) @ whitened  # G S⁻¹ G
+        s_new = _util.symmetrize((1.0 - rho) * s_old + rho * s_target + 0.5 * rho**2 * correction)
+        newton = target.x - jnp.einsum("...ij,...j->...i", s_target, loc)
+        eta = jnp.einsum("...ij,...j->...i", s_new, loc) + rho * newton
+        improved = MVNStats(x=eta, xxT=-0.5 * s_new)
+    else:
+        loc = natural.x / s_old
+        s_new = (1.0 - rho) * s_old + rho * s_target + 0.5 * rho**2 * gap**2 / s_old
+        improved = NormalStats(x=s_new * loc + rho * (target.x - s_target * loc), x_sq=-0.5 * s_new)
+    if not only_if_needed:
+        return improved
+    plain = jax.tree.map(lambda lam, t: (1.0 - rho) * lam + rho * t, natural, target)
+    valid = precision_is_positive_definite(plain)
+    if full:
+        return MVNStats(
+            x=jnp.where(valid[..., None], plain.x, improved.x),
+            xxT=jnp.where(valid[..., None, None], plain.xxT, improved.xxT),
+        )
+    return jax.tree.map(lambda p, i: jnp.where(valid, p, i), plain, improved)

@@ -1,0 +1,366 @@
+"""The chain Categorical family: a distribution over discrete chains (an HMM posterior).
+
+    q(z) ∝ exp(Σ_t θ_t(z_t) + Σ_t ψ_t(z_t, z_{t+1})),     z_t ∈ {0, ..., K-1},
+
+    T(z) = (one_hot(z_t),  one_hot(z_t) ⊗ one_hot(z_{t+1})),   shapes (T, K), (T-1, K, K),
+    λ    = (θ, ψ)  (unary and pairwise log potentials),
+    μ    = (q(z_t = k),  q(z_t = i, z_{t+1} = j))  (marginals and pairwise marginals),
+    A(λ) = log Σ_z exp(...)  by the forward algorithm,   h(z) = 1.
+
+A is computed in log space by the forward algorithm (one ``lax.scan`` with
+``logsumexp``); μ = ∇A by forward-backward, O(T K²).
+
+The parametrisation is overcomplete: adding c_t(z_t) to θ_t and subtracting it
+from a row or column of a neighbouring ψ leaves q unchanged (a gauge freedom),
+so ``natural_params`` returns one representative, the canonical
+(Bethe / junction-tree) one with A(λ) = 0:
+
+    θ_t = log q(z_t),   ψ_t(i, j) = log q(z_t = i, z_{t+1} = j) - log q(z_t = i) - log q(z_{t+1} = j).
+
+.. warning::
+    A value z is an integer chain (event shape (T,)), but its statistics have
+    trailing K axes, so ``sufficient_stats`` needs ``num_categories``. Zero
+    probabilities give -∞ natural parameters. ``to_numpyro(λ).mean`` and
+    ``.variance`` are those of the integer value z_t per step (Σ_k k q(z_t = k)),
+    not the marginal probabilities (use ``.marginals``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpyro.distributions as dist
+from jax.scipy.special import logsumexp
+from numpyro.distributions import constraints
+
+from blrppl._types import Array, ArrayLike, PRNGKey
+from blrppl.families import _util
+from blrppl.families.base import ExpFamily
+from blrppl.families.chain_gaussian import vmap_over_batch
+
+
+class ChainCategoricalStats(NamedTuple):
+    """T(z) = (one_hot(z_t), one_hot(z_t) ⊗ one_hot(z_{t+1})): shapes (..., T, K), (..., T-1, K, K).
+
+    As natural parameters: unary and pairwise log potentials; as mean parameters:
+    marginals q(z_t = k) and pairwise marginals q(z_t = i, z_{t+1} = j).
+    """
+
+    one_hot: Array
+    pair: Array
+
+
+_STATS_NDIM = (2, 3)
+
+
+def _batch_shape(natural: ChainCategoricalStats) -> tuple[int, ...]:
+    return tuple(jnp.shape(natural.one_hot)[:-2])
+
+
+def _over_batch(fn, natural: ChainCategoricalStats):
+    return vmap_over_batch(fn, natural, _STATS_NDIM, _batch_shape(natural))
+
+
+def _forward(natural: ChainCategoricalStats) -> Array:
+    """Return log α_t(k) = log Σ_{z_1..z_{t-1}} exp(potentials up to z_t = k), shape (T, K)."""
+
+    def step(log_alpha, inputs):
+        unary, pair = inputs
+        new = unary + logsumexp(log_alpha[:, None] + pair, axis=0)
+        return new, new
+
+    first = natural.one_hot[0]
+    _, rest = jax.lax.scan(step, first, (natural.one_hot[1:], natural.pair))
+    return jnp.concatenate([first[None], rest])
+
+
+def _backward(natural: ChainCategoricalStats) -> Array:
+    """Return log β_t(k) = log Σ_{z_{t+1}..z_T} exp(potentials after z_t = k), shape (T, K)."""
+
+    def step(log_beta, inputs):
+        unary_next, pair = inputs
+        new = logsumexp(pair + (unary_next + log_beta)[None, :], axis=1)
+        return new, new
+
+    last = jnp.zeros_like(natural.one_hot[-1])
+    _, rest = jax.lax.scan(step, last, (natural.one_hot[1:], natural.pair), reverse=True)
+    return jnp.concatenate([rest, last[None]])
+
+
+def sufficient_stats(z: ArrayLike, num_categories: int | None = None) -> ChainCategoricalStats:
+    """Return T(z) for integer chains ``z`` of shape (..., T).
+
+    Raises:
+        TypeError: if ``num_categories`` is missing.
+    """
+    if num_categories is None:
+        raise TypeError("ChainCategorical sufficient_stats needs num_categories=K.")
+    one_hot = jax.nn.one_hot(z, num_categories, dtype=jnp.result_type(float))
+    return ChainCategoricalStats(
+        one_hot=one_hot, pair=one_hot[..., :-1, :, None] * one_hot[..., 1:, None, :]
+    )
+
+
+def log_base_measure(z: ArrayLike) -> Array:
+    """Return log h(z) = 0, batch shaped."""
+    return jnp.zeros(jnp.shape(z)[:-1], jnp.result_type(float))
+
+
+def expected_log_base_measure(natural: ChainCategoricalStats) -> Array:
+    """Return E_q[log h(z)] = 0."""
+    return jnp.zeros(_batch_shape(natural), natural.one_hot.dtype)
+
+
+def log_normalizer(natural: ChainCategoricalStats) -> Array:
+    """Return A(λ) = logsumexp_k log α_T(k) (the forward algorithm), batch shaped.
+
+    Example:
+        >>> nat = ChainCategoricalStats(jnp.zeros((3, 2)), jnp.zeros((2, 2, 2)))
+        >>> float(log_normalizer(nat))  # log 2³
+        2.0794415416798357
+    """
+    return _over_batch(lambda n: logsumexp(_forward(n)[-1]), natural)
+
+
+def _mean_one(natural: ChainCategoricalStats) -> ChainCategoricalStats:
+    log_alpha = _forward(natural)
+    log_beta = _backward(natural)
+    log_z = logsumexp(log_alpha[-1])
+    marginals = jnp.exp(log_alpha + log_beta - log_z)
+    pair = jnp.exp(
+        log_alpha[:-1, :, None]
+        + natural.pair
+        + (natural.one_hot[1:] + log_beta[1:])[:, None, :]
+        - log_z
+    )
+    return ChainCategoricalStats(one_hot=marginals, pair=pair)
+
+
+def mean_params(natural: ChainCategoricalStats) -> ChainCategoricalStats:
+    """Return μ = ∇A(λ): marginals q(z_t) ∝ α_t β_t and pairwise marginals
+    q(z_t = i, z_{t+1} = j) ∝ α_t(i) exp(ψ_t(i, j) + θ_{t+1}(j)) β_{t+1}(j) (forward-backward)."""
+    return _over_batch(_mean_one, natural)
+
+
+def _safe_log(p: Array) -> Array:
+    positive = p > 0
+    return jnp.where(positive, jnp.log(jnp.where(positive, p, 1.0)), -jnp.inf)
+
+
+def natural_params(mean: ChainCategoricalStats) -> ChainCategoricalStats:
+    """Return the canonical λ (A(λ) = 0): θ_t = log μ₁ₜ, ψ_t = log μ₂ₜ - log μ₁ₜ ⊗ 1 - 1 ⊗ log μ₁,ₜ₊₁.
+
+    Valid because a chain factorises as q(z) = Π_t q(z_t) Π_t q(z_t, z_{t+1}) /
+    (q(z_t) q(z_{t+1})). Impossible pairs get ψ = -∞.
+    """
+    log_marg = _safe_log(mean.one_hot)
+    log_pair = _safe_log(mean.pair)
+    denom = log_marg[..., :-1, :, None] + log_marg[..., 1:, None, :]
+    pair = jnp.where(mean.pair > 0, log_pair - jnp.where(mean.pair > 0, denom, 0.0), -jnp.inf)
+    return ChainCategoricalStats(one_hot=log_marg, pair=pair)
+
+
+def from_usual(
+    *,
+    initial_probs: ArrayLike | None = None,
+    transition_probs: ArrayLike | None = None,
+    unary_logits: ArrayLike | None = None,
+    pair_logits: ArrayLike | None = None,
+    num_steps: int | None = None,
+) -> ChainCategoricalStats:
+    """Return λ of a Markov chain or of log potentials.
+
+    Markov form (what :func:`to_usual` returns): ``initial_probs`` q(z_1) (..., K)
+    and ``transition_probs`` q(z_{t+1} = j | z_t = i) (..., T-1, K, K); a single
+    (..., K, K) matrix is shared by ``num_steps`` steps if ``num_steps`` is given.
+    Potential form: ``unary_logits`` θ (..., T, K) and ``pair_logits`` ψ (..., T-1, K, K).
+
+    Raises:
+        ValueError: unless exactly one complete form is given.
+
+    Example:
+        >>> nat = from_usual(initial_probs=jnp.array([0.5, 0.5]),
+        ...                  transition_probs=jnp.array([[0.9, 0.1], [0.2, 0.8]]), num_steps=3)
+        >>> nat.one_hot.shape, nat.pair.shape
+        ((3, 2), (2, 2, 2))
+    """
+    if unary_logits is not None and pair_logits is not None and initial_probs is None:
+        if transition_probs is not None:
+            raise ValueError("give either the Markov form or the potential form, not both.")
+        unary, pair = _util.as_floats(unary_logits, pair_logits)
+        batch = jnp.broadcast_shapes(unary.shape[:-2], pair.shape[:-3])
+        t, k = unary.shape[-2:]
+        return ChainCategoricalStats(
+            one_hot=jnp.broadcast_to(unary, batch + (t, k)),
+            pair=jnp.broadcast_to(pair, batch + (t - 1, k, k)),
+        )
+    if initial_probs is not None and transition_probs is not None and unary_logits is None:
+        if pair_logits is not None:
+            raise ValueError("give either the Markov form or the potential form, not both.")
+        init, trans = _util.as_floats(initial_probs, transition_probs)
+        if num_steps is not None:
+            trans = jnp.broadcast_to(
+                trans[..., None, :, :], trans.shape[:-2] + (num_steps - 1,) + trans.shape[-2:]
+            )
+        batch = jnp.broadcast_shapes(init.shape[:-1], trans.shape[:-3])
+        t1, k = trans.shape[-3], trans.shape[-1]
+        unary = jnp.concatenate(
+            [_safe_log(init)[..., None, :], jnp.zeros(init.shape[:-1] + (t1, k), init.dtype)],
+            axis=-2,
+        )
+        return ChainCategoricalStats(
+            one_hot=jnp.broadcast_to(unary, batch + (t1 + 1, k)),
+            pair=jnp.broadcast_to(_safe_log(trans), batch + (t1, k, k)),
+        )
+    raise ValueError(
+        "give either initial_probs and transition_probs (and optionally num_steps), "
+        "or unary_logits and pair_logits."
+    )
+
+
+def to_usual(natural: ChainCategoricalStats) -> dict[str, Array]:
+    """Return ``{"initial_probs": q(z_1), "transition_probs": q(z_{t+1} | z_t)}``.
+
+    Rows of states with zero marginal probability are set uniform.
+    """
+    mean = mean_params(natural)
+    marg = mean.one_hot[..., :-1, :, None]
+    k = mean.one_hot.shape[-1]
+    trans = jnp.where(marg > 0, mean.pair / jnp.where(marg > 0, marg, 1.0), 1.0 / k)
+    return {"initial_probs": mean.one_hot[..., 0, :], "transition_probs": trans}
+
+
+def from_numpyro(d: dist.Distribution) -> ChainCategoricalStats:
+    """Return λ of a :class:`ChainCategoricalDistribution` (numpyro has no other chain law).
+
+    Raises:
+        ModelError: for any other distribution.
+    """
+    base = _util.unwrap(d)
+    if not isinstance(base, ChainCategoricalDistribution):
+        raise _util.not_in_family(d, "ChainCategorical")
+    full = tuple(d.batch_shape) + tuple(d.event_shape)
+    batch = full[:-1]
+    return ChainCategoricalStats(
+        *(jnp.broadcast_to(a, batch + a.shape[a.ndim - n :]) for a, n in zip(base.natural, _STATS_NDIM))
+    )
+
+
+def _sample_one(rng_key: PRNGKey, natural: ChainCategoricalStats, num: int) -> Array:
+    """Forward filter, backward sample: z_T ~ α_T, z_t | z_{t+1} ∝ α_t(i) exp ψ_t(i, z_{t+1})."""
+    log_alpha = _forward(natural)
+    key_last, key_rest = jax.random.split(rng_key)
+    last = jax.random.categorical(key_last, log_alpha[-1], shape=(num,))
+
+    def step(z_next, inputs):
+        key, alpha, pair = inputs
+        z = jax.random.categorical(key, alpha[None, :] + pair[:, z_next].T, axis=-1)
+        return z, z
+
+    keys = jax.random.split(key_rest, natural.pair.shape[0])
+    _, rest = jax.lax.scan(step, last, (keys, log_alpha[:-1], natural.pair), reverse=True)
+    return jnp.concatenate([rest, last[None]]).T  # (num, T)
+
+
+def sample(
+    rng_key: PRNGKey, natural: ChainCategoricalStats, sample_shape: tuple = ()
+) -> Array:
+    """Draw integer chains of shape ``sample_shape + batch + (T,)`` (forward filter, backward sample)."""
+    sample_shape = tuple(sample_shape)
+    batch = _batch_shape(natural)
+    num = math.prod(sample_shape)
+    size = math.prod(batch)
+    keys = jax.random.split(rng_key, size)
+    keys = keys.reshape(batch + keys.shape[1:])
+    fn = lambda args: _sample_one(args[0], args[1], num)  # noqa: E731
+    zs = vmap_over_batch(fn, (keys, natural), (keys.ndim - len(batch),) + _STATS_NDIM, batch)
+    zs = jnp.moveaxis(zs, len(batch), 0)
+    return zs.reshape(sample_shape + zs.shape[1:])
+
+
+def is_valid(natural: ChainCategoricalStats) -> Array:
+    """Return A(λ) finite (some path has positive probability) and no +∞/NaN potential."""
+    no_nan = jnp.all(~jnp.isnan(natural.one_hot) & (natural.one_hot < jnp.inf), axis=(-2, -1))
+    no_nan &= jnp.all(~jnp.isnan(natural.pair) & (natural.pair < jnp.inf), axis=(-3, -2, -1))
+    return no_nan & jnp.isfinite(log_normalizer(natural))
+
+
+class ChainCategoricalDistribution(dist.Distribution):
+    """A numpyro distribution over integer chains (..., T) from chain-Categorical natural parameters.
+
+    ``mean`` and ``variance`` (..., T) are of the integer value z_t per step;
+    ``marginals`` (..., T, K) and ``pair_marginals`` (..., T-1, K, K) are the
+    mean parameters.
+    """
+
+    pytree_data_fields = ("natural",)
+
+    def __init__(self, natural: ChainCategoricalStats, *, validate_args=None):
+        self.natural = ChainCategoricalStats(*natural)
+        shape = jnp.shape(self.natural.one_hot)
+        super().__init__(batch_shape=shape[:-2], event_shape=shape[-2:-1], validate_args=validate_args)
+
+    @constraints.dependent_property(is_discrete=True, event_dim=1)
+    def support(self):
+        k = self.natural.one_hot.shape[-1]
+        return constraints.independent(constraints.integer_interval(0, k - 1), 1)
+
+    def sample(self, key, sample_shape=()):
+        return sample(key, self.natural, sample_shape)
+
+    def log_prob(self, value):
+        k = self.natural.one_hot.shape[-1]
+        stats = sufficient_stats(value, k)
+        inner = jnp.sum(self.natural.one_hot * stats.one_hot, axis=(-2, -1))
+        # Where an impossible pair is never used, -inf * 0 must count as 0.
+        pair = jnp.where(stats.pair > 0, self.natural.pair * stats.pair, 0.0)
+        return inner + jnp.sum(pair, axis=(-3, -2, -1)) - log_normalizer(self.natural)
+
+    @property
+    def marginals(self):
+        return mean_params(self.natural).one_hot
+
+    @property
+    def pair_marginals(self):
+        return mean_params(self.natural).pair
+
+    @property
+    def mean(self):
+        marg = self.marginals
+        return marg @ jnp.arange(marg.shape[-1], dtype=marg.dtype)
+
+    @property
+    def variance(self):
+        marg = self.marginals
+        values = jnp.arange(marg.shape[-1], dtype=marg.dtype)
+        return marg @ values**2 - (marg @ values) ** 2
+
+
+def to_numpyro(natural: ChainCategoricalStats) -> ChainCategoricalDistribution:
+    """Return :class:`ChainCategoricalDistribution` with event shape (T,)."""
+    return ChainCategoricalDistribution(natural)
+
+
+CHAIN_CATEGORICAL = ExpFamily(
+    name="ChainCategorical",
+    stats_type=ChainCategoricalStats,
+    event_ndim=1,
+    support=constraints.independent(constraints.nonnegative_integer, 1),
+    sufficient_stats=sufficient_stats,
+    log_base_measure=log_base_measure,
+    expected_log_base_measure=expected_log_base_measure,
+    log_normalizer=log_normalizer,
+    mean_params=mean_params,
+    natural_params=natural_params,
+    from_usual=from_usual,
+    to_usual=to_usual,
+    from_numpyro=from_numpyro,
+    to_numpyro=to_numpyro,
+    sample=sample,
+    is_valid=is_valid,
+    batch_shape=_batch_shape,
+)
+"""Discrete chain z_1..z_T in {0..K-1} with unary and pairwise log potentials (an HMM posterior)."""

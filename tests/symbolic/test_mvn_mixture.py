@@ -1,0 +1,48 @@
+"""A full-covariance Gaussian mixture: mu[z] and Lambda[z] with a quadratic form.
+
+Regression test: a Poly reused in two contractions (the quadratic form
+diff^T Lambda diff) once had a summed label collide with an output label, so
+only the diagonal of Lambda was read.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+
+from blrppl.symbolic import canonical
+from blrppl.symbolic.analysis import analyse
+from blrppl.symbolic.expectation import VarInfo, expected_value
+
+K, D, N = 2, 2, 4
+
+
+def test_mvn_mixture_reads_the_whole_precision_matrix():
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=(N, D))
+
+    def log_factor(v):
+        return jnp.sum(canonical._mvn(y, v["mu"][v["z"]], precision_matrix=v["lam"][v["z"]]))
+
+    infos = {
+        "mu": VarInfo("gaussian", (K, D), 1),
+        "lam": VarInfo("wishart", (K, D, D), 1),
+        "z": VarInfo("categorical", (N,), 1, K),
+    }
+    examples = {"mu": jnp.zeros((K, D)), "lam": jnp.broadcast_to(jnp.eye(D), (K, D, D)), "z": jnp.zeros(N, int)}
+    analysis = analyse(log_factor, examples, infos)
+    m = rng.normal(size=(K, D))
+    cov = np.stack([np.array([[0.3, 0.1], [0.1, 0.2]]), np.array([[0.5, -0.2], [-0.2, 0.4]])])
+    e_lam = np.array([[[2.0, 0.9], [0.9, 1.0]], [[1.0, -0.5], [-0.5, 3.0]]])
+    e_logdet = np.array([0.3, 0.5])
+    r = rng.dirichlet(np.ones(K), N)
+    mean = {
+        "mu": {"x": m, "xx": cov + np.einsum("ki,kj->kij", m, m)},
+        "lam": {"x": e_lam, "log_det_x": e_logdet},
+        "z": {"one_hot": r},
+    }
+    expected = 0.0
+    for n in range(N):
+        for k in range(K):
+            diff = y[n] - m[k]
+            quad = diff @ e_lam[k] @ diff + np.trace(e_lam[k] @ cov[k])
+            expected += r[n, k] * (-D / 2 * np.log(2 * np.pi) + 0.5 * e_logdet[k] - 0.5 * quad)
+    np.testing.assert_allclose(expected_value(analysis, mean), expected, rtol=1e-12)
