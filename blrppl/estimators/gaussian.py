@@ -184,7 +184,8 @@ def block_hessian(
         if not full:
             return hvp(jnp.ones_like(x))
         d = x.shape[-1]
-        basis = jnp.broadcast_to(jnp.eye(d, dtype=x.dtype), (d,) + x.shape)
+        eye = jnp.eye(d, dtype=x.dtype).reshape((d,) + (1,) * (x.ndim - 1) + (d,))
+        basis = jnp.broadcast_to(eye, (d,) + x.shape)  # basis[j] = e_j in every block
         columns = jax.vmap(hvp)(basis)  # (d, ..., d): column j of every block
         return _util.symmetrize(jnp.moveaxis(columns, 0, -1))
     n = x.size

@@ -30,6 +30,7 @@ from blrppl.symbolic.terms import (
     simplify_index,
     substitute_atom,
     substitute_term,
+    unravel,
 )
 
 
@@ -409,7 +410,7 @@ def reindex(poly: Poly, positions: np.ndarray, space: Labels) -> Poly:
     masked = positions < 0
     safe = np.where(masked, 0, positions)
     if poly.shape:
-        coords = np.unravel_index(safe, poly.shape)
+        coords = unravel(safe, poly.shape)
     else:
         coords = ()
     subs = {}

@@ -34,7 +34,7 @@ from blrppl.symbolic.terms import (
     VarAtom,
     constant,
 )
-from blrppl.symbolic.terms import simplify_index
+from blrppl.symbolic.terms import ravel, simplify_index, unravel
 
 LOGDET_NAME = "blrppl_logdet"
 
@@ -371,7 +371,7 @@ class Interpreter:
         coords = np.indices(out_shape) if out_shape else np.zeros((0,), int)
         batch_coords = tuple(coords[d] for d in batch_dims)
         ids_out = ids[batch_coords] if batch_coords else np.broadcast_to(ids, out_shape)
-        z_coords = np.unravel_index(ids_out, z_value_shape) if z_value_shape else ()
+        z_coords = unravel(ids_out, z_value_shape) if z_value_shape else ()
         z_index = tuple(
             simplify_index(Index(labels, np.asarray(c)), n) for c, n in zip(z_coords, z_value_shape)
         )
@@ -398,7 +398,7 @@ def _densify_categorical(
             if k is None:
                 coords = [_index_dense(idx, poly.labels, space) for idx in atom.index]
                 coords = np.broadcast_arrays(*coords) if coords else []
-                ids = np.ravel_multi_index(tuple(coords), value_shape) if coords else 0
+                ids = ravel(tuple(coords), value_shape) if coords else 0
                 dense = dense * (np.asarray(ids) + 1.0)
             else:
                 dense = dense * float(k)

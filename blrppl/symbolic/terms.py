@@ -293,6 +293,25 @@ def rename_internal(term: Term, keep: set[Label], space: Labels) -> Term:
     return substitute_term(term, subs)
 
 
+def unravel(flat: np.ndarray, shape: Sequence[int]) -> tuple[np.ndarray, ...]:
+    """``np.unravel_index`` by integer arithmetic (numpy 2.4's version returns
+    wrong coordinates for some strided inputs, e.g. shape (N, 1) views)."""
+    flat = np.array(flat, dtype=np.int64, copy=True)
+    coords = []
+    for size in reversed(tuple(shape)):
+        flat, coord = np.divmod(flat, int(size))
+        coords.append(coord)
+    return tuple(reversed(coords))
+
+
+def ravel(coords: Sequence[np.ndarray], shape: Sequence[int]) -> np.ndarray:
+    """``np.ravel_multi_index`` by integer arithmetic (see :func:`unravel`)."""
+    flat = np.zeros(np.broadcast_shapes(*[np.shape(c) for c in coords]), np.int64)
+    for coord, size in zip(coords, shape):
+        flat = flat * int(size) + np.asarray(coord, np.int64)
+    return flat
+
+
 def constant(value: np.ndarray, space: Labels) -> Poly:
     """A constant array as a Poly (one term with one operand)."""
     value = np.asarray(value)

@@ -46,3 +46,21 @@ def test_mvn_mixture_reads_the_whole_precision_matrix():
             quad = diff @ e_lam[k] @ diff + np.trace(e_lam[k] @ cov[k])
             expected += r[n, k] * (-D / 2 * np.log(2 * np.pi) + 0.5 * e_logdet[k] - 0.5 * quad)
     np.testing.assert_allclose(expected_value(analysis, mean), expected, rtol=1e-12)
+
+
+def test_large_categorical_plate_reads_every_observation():
+    """Regression: numpy 2.4's unravel_index returned wrong coordinates past 8192
+    for (N, 1) views, so responsibilities of later observations were misread."""
+    import jax
+
+    num, k = 10_000, 3
+    infos = {"w": VarInfo("dirichlet", (k,), 0), "z": VarInfo("categorical", (num,), 1, k)}
+    analysis = analyse(
+        lambda v: jnp.sum(canonical._categorical_probs(v["z"], v["w"])),
+        {"w": jnp.ones(k) / k, "z": jnp.zeros(num, int)},
+        infos,
+    )
+    r = np.random.default_rng(1).dirichlet(np.ones(k), num)
+    mean = {"w": {"log_x": np.zeros(k)}, "z": {"one_hot": r}}
+    grads = jax.grad(lambda m: expected_value(analysis, m))(mean)
+    np.testing.assert_allclose(grads["w"]["log_x"], r.sum(0), rtol=1e-12)
