@@ -20,6 +20,7 @@ import warnings
 from typing import Optional, Sequence
 
 DEFAULT_MODEL = "gaussian_mixture"
+MAX_SUMMARY_SIZE = 50
 ALGORITHMS = ("VMP", "ConjugateBayes", "EM", "BLR")
 
 
@@ -52,12 +53,16 @@ def _fit(args: argparse.Namespace) -> int:
         jax.random.key(args.seed), args.steps, *model_args, progress_bar=not args.quiet, tol=args.tol, **model_kwargs
     )
     idata = result.to_arviz(jax.random.key(args.seed + 1), num_samples=args.draws)
+    shown = [v for v in idata.posterior.data_vars if idata.posterior[v].size // args.draws <= MAX_SUMMARY_SIZE]
+    hidden = sorted(set(idata.posterior.data_vars) - set(shown))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import arviz as az
 
-        summary = az.summary(idata, kind="stats")
+        summary = az.summary(idata, var_names=shown, kind="stats")
     print(summary.to_string())
+    if hidden:
+        print(f"(not shown, more than {MAX_SUMMARY_SIZE} entries each: {', '.join(hidden)}; see the netCDF file)")
     print(f"ELBO after {len(result.elbo)} steps: {float(result.elbo[-1]):.6f}")
     if args.out:
         _write_outputs(result, idata, pathlib.Path(args.out))
@@ -106,7 +111,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fit.add_argument("model", nargs="?", default=DEFAULT_MODEL)
     fit.add_argument("--algorithm", default="VMP", choices=ALGORITHMS)
     fit.add_argument("--steps", type=int, default=200)
-    fit.add_argument("--tol", type=float, default=1e-8)
+    fit.add_argument("--tol", type=float, default=1e-4, help="stop when the ELBO changes by less")
     fit.add_argument("--draws", type=int, default=1000)
     fit.add_argument("--seed", type=int, default=0)
     fit.add_argument("--out", default=None)
