@@ -30,7 +30,7 @@ from blrppl.blr.driver import run
 from benchmarks._timing import table
 
 K, D, N = 5, 2, 100_000
-TOL_PER_POINT = 1e-6
+TOL_PER_POINT = 1e-8
 
 
 def gmm(y, num_components=K):

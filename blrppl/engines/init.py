@@ -12,6 +12,7 @@ a few k-means steps; otherwise from random responsibilities.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping, Optional
 
 import jax
@@ -144,20 +145,28 @@ def _kmeans_responsibilities(rng_key, graph, var, q):
         data = jnp.asarray(node.value, jnp.result_type(float))
         if data.ndim == 0 or data.shape[0] != size or not bool(jnp.all(jnp.isfinite(data))):
             continue
-        points = jnp.reshape(data, (size, -1))
-        points = (points - points.mean(0)) / (points.std(0) + 1e-12)
-        keys = jax.random.split(rng_key, num)
-        centres = [points[jax.random.randint(keys[0], (), 0, size)]]
-        for k in range(1, num):
-            distance = jnp.min(jnp.stack([jnp.sum((points - c) ** 2, -1) for c in centres]), 0)
-            choice = jax.random.choice(keys[k], size, p=distance / jnp.sum(distance))
-            centres.append(points[choice])
-        centres = jnp.stack(centres)
-        for _ in range(LLOYD_STEPS):  # A few k-means steps refine the seeding.
-            hard = jax.nn.one_hot(jnp.argmin(_distances(points, centres), -1), num)
-            counts = hard.sum(0)
-            moved = (hard.T @ points) / jnp.maximum(counts, 1.0)[:, None]
-            centres = jnp.where(counts[:, None] > 0, moved, centres)
-        hard = jax.nn.one_hot(jnp.argmin(_distances(points, centres), -1), num)
-        return 0.9 * hard + 0.1 / num
+        return _kmeans(rng_key, jnp.reshape(data, (size, -1)), num)
     return None
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _kmeans(rng_key: jax.Array, points: jax.Array, num: int) -> jax.Array:
+    """k-means++ seeding and a few Lloyd steps; soft-hard responsibilities (N, num)."""
+    size = points.shape[0]
+    points = (points - points.mean(0)) / (points.std(0) + 1e-12)
+    keys = jax.random.split(rng_key, num)
+    centres = [points[jax.random.randint(keys[0], (), 0, size)]]
+    for k in range(1, num):
+        distance = jnp.min(jnp.stack([jnp.sum((points - c) ** 2, -1) for c in centres]), 0)
+        choice = jax.random.choice(keys[k], size, p=distance / jnp.sum(distance))
+        centres.append(points[choice])
+
+    def lloyd(_, centres):
+        hard = jax.nn.one_hot(jnp.argmin(_distances(points, centres), -1), num)
+        counts = hard.sum(0)
+        moved = (hard.T @ points) / jnp.maximum(counts, 1.0)[:, None]
+        return jnp.where(counts[:, None] > 0, moved, centres)
+
+    centres = jax.lax.fori_loop(0, LLOYD_STEPS, lloyd, jnp.stack(centres))
+    hard = jax.nn.one_hot(jnp.argmin(_distances(points, centres), -1), num)
+    return 0.9 * hard + 0.1 / num
