@@ -9,18 +9,20 @@ the diagonal of H(m) is used (in both terms).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 
 from blrppl._types import Array, PRNGKey
 from blrppl.estimators.gaussian import (
     GaussianEstimator,
-    GaussianStats,
     block_hessian,
+    conditional,
+    flatten_blocks,
     is_full,
+    joint_log_factor,
     natural_gradient,
-    total_log_factor,
 )
 
 
@@ -31,6 +33,9 @@ def delta(*, separable: bool = False) -> GaussianEstimator:
 
         \\hat g = \\big(g(m) - H(m)\\, m,\\; H(m) / 2\\big),
         \\qquad \\text{value} = \\log f(m).
+
+    ``mean`` may be one Gaussian block or a pytree of blocks (see
+    :mod:`~blrppl.estimators.gaussian`); ``log_factor`` takes values shaped alike.
 
     Args:
       separable: promise that log f is a sum of terms each touching one element
@@ -45,17 +50,31 @@ def delta(*, separable: bool = False) -> GaussianEstimator:
     Example:
         >>> from blrppl.families.normal import NormalStats
         >>> mean = NormalStats(x=jax.numpy.array(1.0), x_sq=jax.numpy.array(2.0))
-        >>> delta().estimate(None, mean, lambda x: -0.5 * (x - 3.0) ** 2)
-        (Array(-2., dtype=float64), NormalStats(x=Array(3., dtype=float64), x_sq=Array(-0.5, dtype=float64)))
+        >>> value, g = delta().estimate(None, mean, lambda x: -0.5 * (x - 3.0) ** 2)
+        >>> float(value), [float(v) for v in g]  # log f(m); (g - H m, H / 2) with H = -1
+        (-2.0, [3.0, -0.5])
     """
 
     def estimate(
-        rng_key: PRNGKey | None, mean: GaussianStats, log_factor: Callable[[Array], Array]
-    ) -> tuple[Array, GaussianStats]:
+        rng_key: PRNGKey | None,
+        mean: Any,
+        log_factor: Callable[[Any], Array],
+    ) -> tuple[Array, Any]:
         del rng_key  # Deterministic.
-        total = total_log_factor(log_factor)
-        value, grad = jax.value_and_grad(total)(mean.x)
-        hessian = block_hessian(total, mean.x, is_full(mean), separable)
-        return value, natural_gradient(mean, grad, hessian)
+        blocks, treedef = flatten_blocks(mean)
+        total = joint_log_factor(log_factor, treedef)
+        locs = [block.x for block in blocks]
+        value, grads = jax.value_and_grad(total)(locs)
+        nat_grads = [
+            natural_gradient(
+                block,
+                grad,
+                block_hessian(
+                    conditional(total, locs, i), locs[i], is_full(block), separable
+                ),
+            )
+            for i, (block, grad) in enumerate(zip(blocks, grads))
+        ]
+        return value, jax.tree.unflatten(treedef, nat_grads)
 
     return GaussianEstimator(estimate=estimate, method="delta")

@@ -32,12 +32,16 @@ The estimators (:mod:`~blrppl.estimators.delta`,
 ``estimate(rng_key, mean, log_factor) -> (value, nat_grad)`` where ``value``
 estimates E_q[log f] and ``nat_grad`` has the layout of ``mean``. ``log_factor``
 takes an array shaped like ``mean.x`` and returns log f, either as a scalar or as
-an array (which is summed).
+an array (which is summed). The delta and Monte Carlo estimators also take a
+pytree of blocks (e.g. ``{"a": NormalStats, "b": MVNStats}``, mean-field across
+them); ``log_factor`` then takes values of the same structure and each block's
+natural gradient uses its own Hessian blocks (cross-block terms of H drop out).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, NamedTuple, Union
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,7 +55,7 @@ from blrppl.families import normal as _normal
 from blrppl.families.mvn import MVNStats
 from blrppl.families.normal import NormalStats
 
-GaussianStats = Union[NormalStats, MVNStats]
+GaussianStats = NormalStats | MVNStats
 
 
 class GaussianEstimator(NamedTuple):
@@ -130,9 +134,9 @@ def natural_gradient(
       The natural gradient in the layout of ``mean``.
 
     Example:
-        >>> mean = NormalStats(x=jnp.array(1.0), x_sq=jnp.array(2.0))
-        >>> natural_gradient(mean, jnp.array(0.5), jnp.array(-2.0))
-        NormalStats(x=Array(2.5, dtype=float64), x_sq=Array(-1., dtype=float64))
+        >>> mean = NormalStats(x=1.0, x_sq=2.0)  # m = 1, v = 1
+        >>> [float(v) for v in natural_gradient(mean, 0.5, -2.0)]  # E[g] = 0.5, E[H] = -2
+        [2.5, -1.0]
     """
     loc = mean.x
     if is_full(mean):
@@ -147,13 +151,57 @@ def natural_gradient(
     )
 
 
-def total_log_factor(log_factor: Callable[[Array], ArrayLike]) -> Callable[[Array], Array]:
+def total_log_factor(
+    log_factor: Callable[[Array], ArrayLike],
+) -> Callable[[Array], Array]:
     """Wrap ``log_factor`` so that it returns a scalar (the sum of its output)."""
 
     def total(x: Array) -> Array:
         return jnp.sum(log_factor(x))
 
     return total
+
+
+def flatten_blocks(mean: Any) -> tuple[list[GaussianStats], Any]:
+    """Split a pytree of Gaussian mean parameters into its independent blocks.
+
+    ``mean`` is one ``NormalStats`` / ``MVNStats`` or any pytree (dict, tuple)
+    of them: a factor touching several Gaussian variables, mean-field across
+    them. Returns the blocks and the treedef that rebuilds the structure.
+
+    Raises:
+      TypeError: if a block is not Gaussian, or there is none.
+    """
+    blocks, treedef = jax.tree.flatten(
+        mean, is_leaf=lambda node: isinstance(node, (NormalStats, MVNStats))
+    )
+    if not blocks:
+        raise TypeError("expected Gaussian mean parameters, got an empty structure.")
+    for block in blocks:
+        is_full(block)
+    return blocks, treedef
+
+
+def joint_log_factor(
+    log_factor: Callable[[Any], ArrayLike], treedef: Any
+) -> Callable[[list[Array]], Array]:
+    """Return ``xs -> sum(log_factor(structure rebuilt from the list xs))``."""
+
+    def total(xs: list[Array]) -> Array:
+        return jnp.sum(log_factor(jax.tree.unflatten(treedef, list(xs))))
+
+    return total
+
+
+def conditional(
+    total: Callable[[list[Array]], Array], xs: list[Array], index: int
+) -> Callable[[Array], Array]:
+    """Return log f as a function of block ``index`` alone, the others fixed at ``xs``."""
+
+    def partial(x: Array) -> Array:
+        return total(list(xs[:index]) + [x] + list(xs[index + 1 :]))
+
+    return partial
 
 
 def block_hessian(
@@ -189,7 +237,9 @@ def block_hessian(
         columns = jax.vmap(hvp)(basis)  # (d, ..., d): column j of every block
         return _util.symmetrize(jnp.moveaxis(columns, 0, -1))
     n = x.size
-    flat_hessian = jax.hessian(lambda flat: log_factor(flat.reshape(x.shape)))(x.reshape(n))
+    flat_hessian = jax.hessian(lambda flat: log_factor(flat.reshape(x.shape)))(
+        x.reshape(n)
+    )
     if not full:
         return jnp.diagonal(flat_hessian).reshape(x.shape)
     d = x.shape[-1]
@@ -225,7 +275,9 @@ def precision_is_positive_definite(natural: Any) -> Array:
       blocks of all entries valid. Reduce with ``jnp.all`` for one verdict.
     """
     if isinstance(natural, Mapping):
-        verdicts = [jnp.all(precision_is_positive_definite(v)) for v in natural.values()]
+        verdicts = [
+            jnp.all(precision_is_positive_definite(v)) for v in natural.values()
+        ]
         return jnp.all(jnp.stack(verdicts)) if verdicts else jnp.asarray(True)
     if is_full(natural):
         return _mvn.is_valid(natural)
@@ -283,7 +335,9 @@ def positive_definite_step(
     """
     if isinstance(natural, Mapping):
         return {
-            name: positive_definite_step(lam, target[name], rho, only_if_needed=only_if_needed)
+            name: positive_definite_step(
+                lam, target[name], rho, only_if_needed=only_if_needed
+            )
             for name, lam in natural.items()
         }
     rho = jnp.asarray(rho, dtype=jnp.result_type(natural.x))
@@ -295,14 +349,18 @@ def positive_definite_step(
         loc = cho_solve((chol, True), natural.x[..., None])[..., 0]
         whitened = solve_triangular(chol, gap, lower=True)  # L⁻¹ G
         correction = jnp.swapaxes(whitened, -1, -2) @ whitened  # G S⁻¹ G
-        s_new = _util.symmetrize((1.0 - rho) * s_old + rho * s_target + 0.5 * rho**2 * correction)
+        s_new = _util.symmetrize(
+            (1.0 - rho) * s_old + rho * s_target + 0.5 * rho**2 * correction
+        )
         newton = target.x - jnp.einsum("...ij,...j->...i", s_target, loc)
         eta = jnp.einsum("...ij,...j->...i", s_new, loc) + rho * newton
         improved = MVNStats(x=eta, xxT=-0.5 * s_new)
     else:
         loc = natural.x / s_old
         s_new = (1.0 - rho) * s_old + rho * s_target + 0.5 * rho**2 * gap**2 / s_old
-        improved = NormalStats(x=s_new * loc + rho * (target.x - s_target * loc), x_sq=-0.5 * s_new)
+        improved = NormalStats(
+            x=s_new * loc + rho * (target.x - s_target * loc), x_sq=-0.5 * s_new
+        )
     if not only_if_needed:
         return improved
     plain = jax.tree.map(lambda lam, t: (1.0 - rho) * lam + rho * t, natural, target)

@@ -18,11 +18,16 @@ With ``antithetic=True`` the samples come in pairs m ± Lε (num_samples must be
 even): every odd moment of ε cancels, which removes the leading noise of E[g]
 for near-quadratic log f and makes ``"first_order"`` a symmetric difference
 Σ⁻¹Lε (g(m + Lε) - g(m - Lε))ᵀ / 2. Unbiasedness is unaffected.
+
+``mean`` may be one Gaussian block or a pytree of blocks (mean-field across
+them; see :mod:`~blrppl.estimators.gaussian`): all blocks are sampled jointly
+and each gets its own natural gradient.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -33,11 +38,13 @@ from blrppl.estimators.gaussian import (
     GaussianEstimator,
     GaussianStats,
     block_hessian,
+    conditional,
+    flatten_blocks,
     is_full,
+    joint_log_factor,
     loc_scale,
     natural_gradient,
     scale_noise,
-    total_log_factor,
 )
 from blrppl.families import _util
 
@@ -73,44 +80,78 @@ def monte_carlo(
       ValueError: for a bad ``num_samples`` or ``hessian``.
     """
     if not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}.")
+        raise ValueError(
+            f"num_samples must be a positive integer, got {num_samples!r}."
+        )
     if hessian not in HESSIAN_OPTIONS:
         raise ValueError(f"hessian must be one of {HESSIAN_OPTIONS}, got {hessian!r}.")
     if antithetic and num_samples % 2:
-        raise ValueError(f"antithetic sampling needs an even num_samples, got {num_samples}.")
-
-    def estimate(
-        rng_key: PRNGKey, mean: GaussianStats, log_factor: Callable[[Array], Array]
-    ) -> tuple[Array, GaussianStats]:
-        full = is_full(mean)
-        total = total_log_factor(log_factor)
-        loc, scale = loc_scale(mean)
-        noise_key, probe_key = jax.random.split(rng_key)
-        num_draws = num_samples // 2 if antithetic else num_samples
-        eps = jax.random.normal(noise_key, (num_draws,) + loc.shape, dtype=loc.dtype)
-        if antithetic:
-            eps = jnp.concatenate([eps, -eps])
-        x = loc + scale_noise(mean, scale, eps)
-        values, grads = jax.vmap(jax.value_and_grad(total))(x)
-        if hessian == "reparam":
-            hessians = jax.vmap(lambda xs: block_hessian(total, xs, full, separable))(x)
-        elif hessian == "hvp":
-            probes = jax.random.rademacher(probe_key, x.shape, dtype=loc.dtype)
-            hvps = jax.vmap(lambda xs, z: jax.jvp(jax.grad(total), (xs,), (z,))[1])(x, probes)
-            hessians = _util.symmetrize(_outer(hvps, probes)) if full else probes * hvps
-        else:
-            # Σ⁻¹ (x - m) = L⁻ᵀ ε (Stein's lemma: E[H] = E[Σ⁻¹ (x - m) gᵀ]).
-            if full:
-                chol_t = jnp.broadcast_to(jnp.swapaxes(scale, -1, -2), eps.shape + eps.shape[-1:])
-                white = solve_triangular(chol_t, eps[..., None], lower=False)[..., 0]
-                hessians = _util.symmetrize(_outer(white, grads))
-            else:
-                hessians = eps / scale * grads
-        return jnp.mean(values), natural_gradient(
-            mean, jnp.mean(grads, axis=0), jnp.mean(hessians, axis=0)
+        raise ValueError(
+            f"antithetic sampling needs an even num_samples, got {num_samples}."
         )
 
+    def estimate(
+        rng_key: PRNGKey, mean: Any, log_factor: Callable[[Any], Array]
+    ) -> tuple[Array, Any]:
+        blocks, treedef = flatten_blocks(mean)
+        total = joint_log_factor(log_factor, treedef)
+        noise_key, probe_key = jax.random.split(rng_key)
+        num_draws = num_samples // 2 if antithetic else num_samples
+        scales, eps, xs = [], [], []
+        for block, key in zip(blocks, jax.random.split(noise_key, len(blocks))):
+            loc, scale = loc_scale(block)
+            noise = jax.random.normal(key, (num_draws,) + loc.shape, dtype=loc.dtype)
+            if antithetic:
+                noise = jnp.concatenate([noise, -noise])
+            scales.append(scale)
+            eps.append(noise)
+            xs.append(loc + scale_noise(block, scale, noise))
+        values, grads = jax.vmap(jax.value_and_grad(total))(xs)
+        if hessian == "reparam":
+
+            def sample_hessians(x: list[Array]) -> list[Array]:
+                return [
+                    block_hessian(conditional(total, x, i), x[i], is_full(b), separable)
+                    for i, b in enumerate(blocks)
+                ]
+
+            hessians = jax.vmap(sample_hessians)(xs)
+        elif hessian == "hvp":
+            # One joint HVP: (Hz)_v = Σ_u H_vu z_u, and E[z_u z_vᵀ] = 0 for u ≠ v,
+            # so E[(Hz)_v z_vᵀ] = H_vv for every block at once.
+            keys = jax.random.split(probe_key, len(blocks))
+            probes = [
+                jax.random.rademacher(k, x.shape, dtype=x.dtype)
+                for k, x in zip(keys, xs)
+            ]
+            hvps = jax.vmap(lambda x, z: jax.jvp(jax.grad(total), (x,), (z,))[1])(
+                xs, probes
+            )
+            hessians = [
+                _util.symmetrize(_outer(h, z)) if is_full(b) else z * h
+                for b, h, z in zip(blocks, hvps, probes)
+            ]
+        else:
+            hessians = [
+                _first_order(b, scale, e, g)
+                for b, scale, e, g in zip(blocks, scales, eps, grads)
+            ]
+        nat_grads = [
+            natural_gradient(b, jnp.mean(g, axis=0), jnp.mean(h, axis=0))
+            for b, g, h in zip(blocks, grads, hessians)
+        ]
+        return jnp.mean(values), jax.tree.unflatten(treedef, nat_grads)
+
     return GaussianEstimator(estimate=estimate, method="mc")
+
+
+def _first_order(block: GaussianStats, scale: Array, eps: Array, grads: Array) -> Array:
+    """Per-sample Stein estimates Σ⁻¹ (x - m) gᵀ, symmetrised, with Σ⁻¹ (x - m) = L⁻ᵀ ε."""
+    if not is_full(block):
+        return eps / scale * grads
+    chol_t = jnp.broadcast_to(jnp.swapaxes(scale, -1, -2), eps.shape + eps.shape[-1:])
+    white = solve_triangular(chol_t, eps[..., None], lower=False)[..., 0]
+    return _util.symmetrize(_outer(white, grads))
 
 
 def _outer(a: Array, b: Array) -> Array:

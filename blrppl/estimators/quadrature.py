@@ -20,7 +20,8 @@ two numbers per observation, the site parameter on η_n itself.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +49,9 @@ def hermite_rule(num_points: int, dim: int = 1) -> tuple[np.ndarray, np.ndarray]
     nodes, weights = np.polynomial.hermite_e.hermegauss(num_points)
     weights = weights / weights.sum()
     grid = np.array(list(itertools.product(nodes, repeat=dim)))
-    grid_weights = np.prod(np.array(list(itertools.product(weights, repeat=dim))), axis=1)
+    grid_weights = np.prod(
+        np.array(list(itertools.product(weights, repeat=dim))), axis=1
+    )
     return grid.reshape(-1, dim), grid_weights
 
 
@@ -85,14 +88,22 @@ def gauss_hermite(num_points: int, *, max_dim: int = 3) -> GaussianEstimator:
     Example:
         >>> from blrppl.families.normal import NormalStats
         >>> mean = NormalStats(x=jnp.array(0.2), x_sq=jnp.array(2.04))
-        >>> y, var = 1.3, 0.5
+        >>> y, var = 1.3, 0.5  # log N(y | x, var): the conjugate message is (y/var, -1/(2 var))
         >>> _, g = gauss_hermite(3).estimate(None, mean, lambda x: -0.5 * (y - x) ** 2 / var)
-        >>> g
-        NormalStats(x=Array(2.6, dtype=float64), x_sq=Array(-1., dtype=float64))
+        >>> [round(float(v), 5) for v in g]
+        [2.6, -1.0]
     """
     _check_num_points(num_points)
 
-    def expected_log_factor(mean: GaussianStats, log_factor: Callable[[Array], Array]) -> Array:
+    def expected_log_factor(
+        mean: GaussianStats, log_factor: Callable[[Array], Array]
+    ) -> Array:
+        if not isinstance(mean, (NormalStats, MVNStats)):
+            raise TypeError(
+                "gauss_hermite takes one Gaussian block (NormalStats or MVNStats), got "
+                f"{type(mean).__name__}; for a factor of several Gaussian variables use "
+                "delta or monte_carlo, or linear_predictor_quadrature for a GLM."
+            )
         total = total_log_factor(log_factor)
         loc, scale = loc_scale(mean)
         if is_full(mean):
@@ -115,7 +126,9 @@ def gauss_hermite(num_points: int, *, max_dim: int = 3) -> GaussianEstimator:
         return jnp.dot(jnp.asarray(weights, loc.dtype), values)
 
     def estimate(
-        rng_key: Optional[PRNGKey], mean: GaussianStats, log_factor: Callable[[Array], Array]
+        rng_key: PRNGKey | None,
+        mean: GaussianStats,
+        log_factor: Callable[[Array], Array],
     ) -> tuple[Array, GaussianStats]:
         del rng_key  # Deterministic.
         return jax.value_and_grad(expected_log_factor)(mean, log_factor)
@@ -141,7 +154,9 @@ class PredictorSites(NamedTuple):
     expected: Array
 
 
-def _check_design(mean: MVNStats, design: Array, offset: Any, observations: ArrayTree) -> None:
+def _check_design(
+    mean: MVNStats, design: Array, offset: Any, observations: ArrayTree
+) -> None:
     if not isinstance(mean, MVNStats):
         raise TypeError(
             "linear_predictor_quadrature needs a full-covariance block (MVNStats) for the "
@@ -169,7 +184,7 @@ def _check_design(mean: MVNStats, design: Array, offset: Any, observations: Arra
 
 
 def predictor_moments(
-    mean: MVNStats, design: ArrayLike, offset: Optional[ArrayLike] = None
+    mean: MVNStats, design: ArrayLike, offset: ArrayLike | None = None
 ) -> tuple[Array, Array]:
     """Return the mean X m + o and variance diag(X Σ Xᵀ) of η = Xβ + o under q(β).
 
@@ -186,7 +201,7 @@ def predictor_moments(
 
 
 def predictor_to_block(
-    design: ArrayLike, sites: NormalStats, offset: Optional[ArrayLike] = None
+    design: ArrayLike, sites: NormalStats, offset: ArrayLike | None = None
 ) -> MVNStats:
     """Pull per-observation sites on η_n = x_nᵀβ + o_n back to the block β.
 
@@ -238,12 +253,12 @@ def linear_predictor_quadrature(num_points: int) -> GaussianEstimator:
     nodes, weights = hermite_rule(num_points)
 
     def estimate(
-        rng_key: Optional[PRNGKey],
+        rng_key: PRNGKey | None,
         mean: MVNStats,
         log_likelihood: Callable[[ArrayTree, Array], Array],
         design: ArrayLike,
         observations: ArrayTree,
-        offset: Optional[ArrayLike] = None,
+        offset: ArrayLike | None = None,
     ) -> tuple[Array, MVNStats, PredictorSites]:
         del rng_key  # Deterministic.
         design = jnp.asarray(design, jnp.result_type(mean.x))
@@ -261,11 +276,14 @@ def linear_predictor_quadrature(num_points: int) -> GaussianEstimator:
         second = jax.jvp(grad, (eta,), (jnp.ones_like(eta),))[1]  # ℓ''(η) elementwise
         values = jnp.broadcast_to(log_likelihood(observations, eta), eta.shape)
         w = jnp.asarray(weights, dtype)
-        expected, d1, d2 = (jnp.tensordot(w, a, axes=1) for a in (values, first, second))
+        expected, d1, d2 = (
+            jnp.tensordot(w, a, axes=1) for a in (values, first, second)
+        )
         fitted = eta_mean if offset is None else eta_mean - offset  # X m
         nat_grad = MVNStats(
             x=jnp.einsum("...nd,...n->...d", design, d1 - d2 * fitted),  # Eq. 10
-            xxT=0.5 * jnp.einsum("...nd,...n,...ne->...de", design, d2, design),  # Eq. 11
+            xxT=0.5
+            * jnp.einsum("...nd,...n,...ne->...de", design, d2, design),  # Eq. 11
         )
         sites = PredictorSites(
             natural=NormalStats(x=d1 - d2 * eta_mean, x_sq=0.5 * d2), expected=expected
