@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from blrppl.blr.elbo import elbo as elbo_fn
 from blrppl.blr.state import BLRInfo, BLRState, InferenceAlgorithm
-from blrppl.blr.update import global_update, local_update
+from blrppl.blr.update import local_update, safe_global_update
 from blrppl.blr.variational import VariableQ
 from blrppl.estimators.base import FactorEstimator
 
@@ -96,7 +96,7 @@ def build_blr(
         natural, sites = dict(natural), {f: dict(s) for f, s in sites.items()}
         for v in variables:
             if mode == "global":
-                natural[v] = global_update(natural[v], list(messages[v].values()), r)  # Eq. 58
+                natural[v], _ = safe_global_update(qs[v].family, natural[v], list(messages[v].values()), r)  # Eq. 58
             else:
                 current = {f: sites[f][v] for f in messages[v]}
                 natural[v], new = local_update(current, messages[v], r)  # Eq. 60

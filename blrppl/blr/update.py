@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 
 
 def _tree_sum(trees: Sequence[Any]) -> Any:
@@ -58,3 +59,49 @@ def local_update(
             lambda s, g: (1.0 - rho) * s + rho * g, site_params[name], message  # Eq. 60
         )
     return _tree_sum(list(new_sites.values())), new_sites
+
+
+MAX_HALVINGS = 10
+
+
+def _is_valid(family, natural) -> jax.Array:
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(natural)]))
+    return finite & jnp.all(family.is_valid(natural))
+
+
+def safe_global_update(family, natural: Any, messages: Sequence[Any], rho: Any) -> tuple[Any, jax.Array]:
+    """Eq. 58 with a safeguard: never leave the natural parameter space.
+
+    Gaussian q use the improved BLR of Lin, Schmidt & Khan (2020) where the
+    plain step would make the precision indefinite (it equals the plain step
+    otherwise). For every family, a step that is still invalid or not finite
+    (a Monte Carlo outlier) is retried with ρ/2, ρ/4, ...; if none of
+    ``MAX_HALVINGS`` halvings is valid, λ is kept. Never a silent clip.
+
+    Returns:
+      ``(natural, rejected)``: the new λ and whether the step was rejected.
+    """
+    from blrppl.estimators.gaussian import positive_definite_step
+    from blrppl.families import MULTIVARIATE_NORMAL, NORMAL
+
+    target = _tree_sum(messages)
+    gaussian = family is NORMAL or family is MULTIVARIATE_NORMAL
+
+    def step(r):
+        if gaussian:
+            return positive_definite_step(natural, target, r, only_if_needed=True)
+        return jax.tree.map(lambda lam, t: (1.0 - r) * lam + r * t, natural, target)  # Eq. 58
+
+    def cond(carry):
+        k, _, valid = carry
+        return (~valid) & (k < MAX_HALVINGS)
+
+    def body(carry):
+        k, _, _ = carry
+        candidate = step(rho * 0.5**k)
+        return k + 1, candidate, _is_valid(family, candidate)
+
+    first = step(rho)
+    k, candidate, valid = jax.lax.while_loop(cond, body, (jnp.ones((), jnp.int32), first, _is_valid(family, first)))
+    new = jax.tree.map(lambda c, old: jnp.where(valid, c, old), candidate, natural)
+    return new, ~valid

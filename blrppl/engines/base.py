@@ -25,6 +25,7 @@ from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, example_latents, q_space_examples
 from blrppl.estimators.conjugacy import record_verdicts
 from blrppl.estimators.exact import exact_estimator
+from blrppl.estimators.nonconjugate import gaussian_factor_estimator
 from blrppl.graph.nodes import Edge, FactorGraph
 from blrppl.graph.trace import build_graph
 from blrppl.results import BLRResult
@@ -54,6 +55,8 @@ class Engine:
 
     #: Whether every factor must have an exact site parameter.
     exact_only: bool = False
+    #: The estimator for non-conjugate factors when ``estimator="exact"``.
+    fallback: Optional[str] = None
 
     def __init__(
         self,
@@ -149,22 +152,28 @@ class Engine:
     def _factor_estimator(self, graph, name, qs, examples, init_params, plate=None) -> FactorEstimator:
         choice = self._estimator_choice(name)
         node = graph.factors[name]
-        if choice != "exact":
-            raise ModelError(
-                f"site {name!r}: the {choice!r} estimator is not implemented yet; "
-                "use estimator='exact' on conjugate factors."
-            )
+        explicit = isinstance(self.estimator, Mapping) and name in self.estimator
+        if explicit and choice != "exact" and not self.exact_only:
+            return gaussian_factor_estimator(graph, name, qs, examples, choice, self.num_samples, "chosen by the user")
         try:
             estimator = exact_estimator(graph, name, qs, examples, init_params, plate)
         except NonConjugate as error:
             record_verdicts(graph, name, qs, examples, init_params, error)
             var = error.var
             reason = node.edges[var].reason if var in node.edges else error.reason
-            raise ModelError(
-                f"site {name!r}: the factor is not conjugate in {var!r} ({reason}); "
-                "use an engine with non-conjugate estimators (NonConjugateVI) or rewrite the model "
-                "with conjugate priors."
-            ) from None
+            method = choice if choice != "exact" else self.fallback
+            if method is None or self.exact_only:
+                raise ModelError(
+                    f"site {name!r}: the factor is not conjugate in {var!r} ({reason}); "
+                    "use an engine with non-conjugate estimators (NonConjugateVI, or BLR with "
+                    "estimator='mc', 'delta' or 'quadrature') or rewrite the model with conjugate priors."
+                ) from None
+            if init_params and node.param_neighbours:
+                raise ModelError(
+                    f"site {name!r}: the factor is not conjugate in {var!r} ({reason}) and touches "
+                    f"point estimates {list(node.param_neighbours)}; EM needs exact expected log factors."
+                )
+            return gaussian_factor_estimator(graph, name, qs, examples, method, self.num_samples, reason)
         for v in node.neighbours:
             node.edges[v] = Edge(True, "exact site parameter")
         return estimator
@@ -205,6 +214,7 @@ class Engine:
         state, elbo = run_algorithm(
             algorithm, rng_key, num_steps, init_state=init_state, tol=tol, progress_bar=progress_bar
         )
+        _check_finite(state, elbo)
         return BLRResult(plan=plan, state=state, elbo=elbo, mode=self.mode)
 
     def build(self, plan: Plan, rng_key: Optional[jax.Array] = None):
@@ -234,6 +244,23 @@ class Engine:
     def guide(self, result: BLRResult) -> Callable:
         """A NumPyro guide that samples from the fitted q (for ``Predictive``)."""
         return result.guide()
+
+
+def _check_finite(state: Any, elbo: jax.Array) -> None:
+    """An unrecoverable run (q not finite) is an error that says what happened."""
+    for v, natural in state.natural.items():
+        if not all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(natural)):
+            raise FloatingPointError(
+                f"site {v!r}: q's natural parameters are not finite after the run although every "
+                "step was checked; the model's log density is probably not finite at q's starting "
+                "point. Start elsewhere (init=...) or check the model."
+            )
+    if len(elbo) and not bool(jnp.isfinite(elbo[-1])):
+        raise FloatingPointError(
+            "the ELBO is not finite after the run: a factor's expected log density diverges "
+            "under q (a Monte Carlo draw outside the support, or an improper factor); use a smaller "
+            "learning_rate or more num_samples."
+        )
 
 
 def _param_examples(graph: FactorGraph) -> tuple[dict, dict]:

@@ -17,6 +17,8 @@ class EM(Engine):
     the usual EM lower bound, equal to the log likelihood at convergence.
     """
 
+    exact_only = True
+
     def __init__(
         self,
         model: Callable,

@@ -64,6 +64,9 @@ def initial_natural(rng_key: jax.Array, plan: Any, init: Optional[Mapping[str, A
         priors = [f for f in graph.factors if owner(graph, f) == v]
         if not priors:
             continue
+        if q.kind == GAUSSIAN and any(by_factor[f].method != "exact" for f in priors):
+            natural[v] = _gaussian_from_prior(q, graph.variables[v])
+            continue
         mean = mean_params(qs, natural)
         messages = []
         for f in priors:
@@ -78,6 +81,32 @@ def initial_natural(rng_key: jax.Array, plan: Any, init: Optional[Mapping[str, A
     for v, start in (init or {}).items():
         natural[v] = _user_start(qs[v], natural[v], start)
     return natural
+
+
+def _gaussian_from_prior(q, node):
+    """A Gaussian start for a site whose prior factor has no exact site parameter.
+
+    The prior's mean and variance where numpyro has them (at the starting
+    values of the site's parents), mapped to q's space; else the centre of
+    the support with unit variance on the unconstrained space.
+    """
+    loc, var = None, None
+    if q.transform is None:
+        try:
+            loc, var = jnp.asarray(node.prior.mean), jnp.asarray(node.prior.variance)
+        except (NotImplementedError, AttributeError):
+            loc = None
+    if loc is None or not bool(jnp.all(jnp.isfinite(loc)) & jnp.all(jnp.isfinite(var)) & jnp.all(var > 0)):
+        example = jnp.zeros(q.shape)
+        loc, var = example, jnp.ones(q.shape)
+    loc = jnp.broadcast_to(loc, q.shape)
+    var = jnp.broadcast_to(var, q.shape)
+    if q.family.event_ndim == 0:
+        return q.family.from_usual(loc, jnp.sqrt(var))
+    d = q.example_natural().x.shape[-1]
+    flat_loc = jnp.reshape(loc, q.batch_shape + (d,))
+    flat_var = jnp.reshape(var, q.batch_shape + (d,))
+    return q.family.from_usual(flat_loc, covariance_matrix=flat_var[..., None] * jnp.eye(d))
 
 
 def _user_start(q, natural, start):

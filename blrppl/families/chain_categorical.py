@@ -314,10 +314,11 @@ class ChainCategoricalDistribution(dist.Distribution):
     def log_prob(self, value):
         k = self.natural.one_hot.shape[-1]
         stats = sufficient_stats(value, k)
-        inner = jnp.sum(self.natural.one_hot * stats.one_hot, axis=(-2, -1))
-        # Where an impossible pair is never used, -inf * 0 must count as 0.
+        # An unused -inf potential must contribute 0, not -inf * 0 = nan.
+        unary = jnp.where(stats.one_hot > 0, self.natural.one_hot * stats.one_hot, 0.0)
         pair = jnp.where(stats.pair > 0, self.natural.pair * stats.pair, 0.0)
-        return inner + jnp.sum(pair, axis=(-3, -2, -1)) - log_normalizer(self.natural)
+        inner = jnp.sum(unary, axis=(-2, -1)) + jnp.sum(pair, axis=(-3, -2, -1))
+        return inner - log_normalizer(self.natural)
 
     @property
     def marginals(self):

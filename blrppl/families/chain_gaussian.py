@@ -622,9 +622,75 @@ class ChainGaussianDistribution(dist.Distribution):
         return jnp.diagonal(self.marginal_covariance, axis1=-2, axis2=-1)
 
 
+class ScalarChainGaussianDistribution(ChainGaussianDistribution):
+    """:class:`ChainGaussianDistribution` with d = 1 and values (..., T), like
+    ``GaussianRandomWalk``; ``natural`` holds the (T, 1) form."""
+
+    support = constraints.real_vector
+
+    def __init__(self, natural: ChainGaussianStats, method: str = "sequential", *, validate_args=None):
+        super().__init__(natural, method, validate_args=validate_args)
+        self._event_shape = self._event_shape[:-1]
+
+    def sample(self, key, sample_shape=()):
+        return super().sample(key, sample_shape)[..., 0]
+
+    def log_prob(self, value):
+        return super().log_prob(jnp.asarray(value)[..., None])
+
+    @property
+    def mean(self):
+        return super().mean[..., 0]
+
+    @property
+    def variance(self):
+        return super().variance[..., 0]
+
+
 def to_numpyro(natural: ChainGaussianStats, method: str = "sequential") -> ChainGaussianDistribution:
     """Return :class:`ChainGaussianDistribution` with event shape (T, d)."""
     return ChainGaussianDistribution(natural, method)
+
+
+# Scalar states (d = 1) with values (..., T): the same statistics without the
+# trailing unit axes, x (..., T), xx (..., T), x_next (..., T-1).
+
+
+def _vector_states(natural: ChainGaussianStats) -> ChainGaussianStats:
+    return ChainGaussianStats(
+        natural.x[..., None], natural.xx[..., None, None], natural.x_next[..., None, None]
+    )
+
+
+def _scalar_states(stats: ChainGaussianStats) -> ChainGaussianStats:
+    return ChainGaussianStats(stats.x[..., 0], stats.xx[..., 0, 0], stats.x_next[..., 0, 0])
+
+
+def _scalar_family(name: str, method: str) -> ExpFamily:
+    """The chain Gaussian over scalar states: every function goes through the d = 1 form."""
+
+    def from_usual_scalar(**usual):
+        return _scalar_states(from_usual(**usual))
+
+    return ExpFamily(
+        name=name,
+        stats_type=ChainGaussianStats,
+        event_ndim=1,
+        support=constraints.real_vector,
+        sufficient_stats=lambda x: _scalar_states(sufficient_stats(jnp.asarray(x)[..., None])),
+        log_base_measure=lambda x: log_base_measure(jnp.asarray(x)[..., None]),
+        expected_log_base_measure=lambda n: expected_log_base_measure(_vector_states(n)),
+        log_normalizer=lambda n: log_normalizer(_vector_states(n), method),
+        mean_params=lambda n: _scalar_states(mean_params(_vector_states(n), method)),
+        natural_params=lambda m: _scalar_states(natural_params(_vector_states(m))),
+        from_usual=from_usual_scalar,
+        to_usual=lambda n: to_usual(_vector_states(n), method),
+        from_numpyro=lambda d: _scalar_states(from_numpyro(d, state_dim=1)),
+        to_numpyro=lambda n: ScalarChainGaussianDistribution(_vector_states(n), method),
+        sample=lambda key, n, shape=(): sample(key, _vector_states(n), shape, method)[..., 0],
+        is_valid=lambda n: is_valid(_vector_states(n)),
+        batch_shape=lambda n: tuple(jnp.shape(n.x)[:-1]),
+    )
 
 
 def _family(name: str, method: str) -> ExpFamily:
@@ -654,3 +720,10 @@ CHAIN_GAUSSIAN = _family("ChainGaussian", "sequential")
 
 CHAIN_GAUSSIAN_PARALLEL = _family("ChainGaussianParallel", "parallel")
 """The same family with parallel-in-time (``lax.associative_scan``) passes, for accelerators."""
+
+SCALAR_CHAIN_GAUSSIAN = _scalar_family("ScalarChainGaussian", "sequential")
+"""Gaussian chain of scalars (..., T), the q of a ``GaussianRandomWalk``; statistics
+x (..., T), xx (..., T), x_next (..., T-1); ``from_usual`` takes the d = 1 arrays."""
+
+SCALAR_CHAIN_GAUSSIAN_PARALLEL = _scalar_family("ScalarChainGaussianParallel", "parallel")
+"""The scalar chain Gaussian with parallel-in-time passes."""

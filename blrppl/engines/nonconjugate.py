@@ -1,0 +1,51 @@
+"""``NonConjugateVI``: the BLR with estimated site parameters (Khan & Rue, Sec. 5.4)."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence, Union
+
+from blrppl.blr.schedules import robbins_monro
+from blrppl.engines.base import Engine
+
+
+class NonConjugateVI(Engine):
+    """Non-conjugate VI: conjugate factors exact, the others estimated.
+
+    Factors with exact site parameters keep them; the others get natural
+    gradients of their expected log densities from ``estimator`` (``"mc"``:
+    reparameterised Monte Carlo with ``num_samples`` draws; ``"delta"``: the
+    delta method, i.e. Newton/Laplace steps; ``"quadrature"``: Gauss-Hermite
+    for factors with one Gaussian neighbour), as in Khan & Lin (2017). Latents
+    whose prior has no exponential-family q (HalfCauchy, LogNormal, ...) get a
+    Gaussian on the unconstrained space of their support. Steps are damped by
+    ``learning_rate`` (default (t + 3)^-0.6) and kept in the natural parameter
+    space by the improved BLR of Lin, Schmidt & Khan (2020).
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        estimator: str = "mc",
+        num_samples: int = 16,
+        learning_rate: Union[float, Callable] = robbins_monro(4.0, 0.6),
+        mode: str = "global",
+        schedule: str = "sequential",
+        families: Optional[dict] = None,
+        order: Optional[Sequence[str]] = None,
+        init: Optional[dict] = None,
+    ):
+        super().__init__(
+            model,
+            mode=mode,
+            schedule=schedule,
+            learning_rate=learning_rate,
+            estimator="exact",
+            num_samples=num_samples,
+            families=families,
+            order=order,
+            init=init,
+        )
+        if estimator not in ("mc", "delta", "quadrature"):
+            raise ValueError(f"estimator must be 'mc', 'delta' or 'quadrature', got {estimator!r}.")
+        self.fallback = estimator
