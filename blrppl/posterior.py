@@ -68,3 +68,35 @@ def q_distribution(q: Any, natural: Any) -> dist.Distribution:
         loc = base.loc
         scale = jnp.sqrt(jnp.diagonal(base.covariance_matrix, axis1=-2, axis2=-1))
     return TransformedGaussian(base, q.transform, loc, scale)
+
+
+def block_marginals(q: Any, natural: Any) -> dict:
+    """Site name -> marginal of a joint Gaussian block, in the site's support."""
+    joint = q.family.to_numpyro(natural)
+    loc, cov = joint.loc, joint.covariance_matrix
+    out = {}
+    for node, transform, shape, offset, size in q.transform._pieces():
+        m = loc[offset : offset + size]
+        c = cov[offset : offset + size, offset : offset + size]
+        sd = jnp.sqrt(jnp.diagonal(c))
+        if shape == ():
+            base = dist.Normal(m[0], sd[0])
+            loc_s, scale_s = m[0], sd[0]
+        else:
+            base = dist.MultivariateNormal(m, covariance_matrix=c)
+            loc_s, scale_s = m, sd
+            if len(shape) > 1:
+                base = dist.TransformedDistribution(base, dist.transforms.ReshapeTransform(shape, (size,)))
+        if _is_identity(transform):
+            out[node.name] = base
+        else:
+            out[node.name] = TransformedGaussian(base, transform, loc_s, scale_s)
+    return out
+
+
+def _is_identity(transform: Any) -> bool:
+    import numpyro.distributions.transforms as T
+
+    while isinstance(transform, T.IndependentTransform):
+        transform = transform.base_transform
+    return isinstance(transform, T.IdentityTransform)

@@ -11,7 +11,7 @@ import numpyro.distributions as dist
 
 from blrppl.blr.state import BLRState
 from blrppl.graph.replay import replay, split_latents
-from blrppl.posterior import q_distribution
+from blrppl.posterior import block_marginals, q_distribution
 
 
 class BLRResult(NamedTuple):
@@ -52,8 +52,17 @@ class BLRResult(NamedTuple):
 
     @property
     def posterior(self) -> dict:
-        """Latent site name -> the fitted q marginal as a numpyro Distribution."""
-        return {v: q_distribution(q, self.state.natural[v]) for v, q in self.plan.qs.items()}
+        """Latent site name -> the fitted q marginal as a numpyro Distribution.
+
+        A joint block contributes one marginal per site it joins.
+        """
+        out = {}
+        for v, q in self.plan.qs.items():
+            if getattr(q.transform, "sites", None) is not None:
+                out.update(block_marginals(q, self.state.natural[v]))
+            else:
+                out[v] = q_distribution(q, self.state.natural[v])
+        return out
 
     def sample(self, rng_key: jax.Array, num_samples: int) -> dict:
         """Joint draws from q: latent and deterministic site -> ``(num_samples, *shape)``."""
@@ -63,6 +72,9 @@ class BLRResult(NamedTuple):
             draws = q.family.sample(key, self.state.natural[v], (num_samples,))
             if q.kind != "categorical" and q.family.event_ndim == 1 and len(q.block_shape) != 1:
                 draws = jnp.reshape(draws, (num_samples,) + q.shape)
+            if getattr(q.transform, "sites", None) is not None:
+                latents.update(q.transform(draws))
+                continue
             latents[v] = draws if q.transform is None else q.transform(draws)
         graph = self.graph
         names = list(graph.deterministics)
@@ -86,10 +98,19 @@ class BLRResult(NamedTuple):
         """A NumPyro guide drawing every latent site from q (for ``Predictive``)."""
         posterior = self.posterior
         graph = self.graph
+        blocks = {v: q for v, q in self.plan.qs.items() if getattr(q.transform, "sites", None) is not None}
+        joint = {v: q.family.to_numpyro(self.state.natural[v]) for v, q in blocks.items()}
+        members = {site for q in blocks.values() for site in q.transform.sites}
 
         def guide(*args: Any, **kwargs: Any) -> None:
             del args, kwargs
+            for v, q in blocks.items():
+                flat = numpyro.sample(f"_blrppl_{v}", joint[v], infer={"is_auxiliary": True})
+                for site, value in q.transform(flat).items():
+                    numpyro.sample(site, dist.Delta(value, event_dim=jnp.ndim(value)))
             for v, d in posterior.items():
+                if v in members:
+                    continue
                 chain = graph.variables[v].chain
                 if chain is None or len(chain.sites) == 1:
                     numpyro.sample(v, d)

@@ -20,6 +20,7 @@ from blrppl.blr.schedules import as_schedule
 from blrppl.blr.variational import VariableQ, variable_q
 from blrppl.engines.init import initial_natural
 from blrppl.engines.mstep import build_m_step
+from blrppl.engines.blocks import as_blocks
 from blrppl.engines.points import as_point_estimates
 from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, example_latents, q_space_examples
@@ -57,6 +58,8 @@ class Engine:
     exact_only: bool = False
     #: The estimator for non-conjugate factors when ``estimator="exact"``.
     fallback: Optional[str] = None
+    #: An estimator every factor uses, conjugate or not (Laplace: "delta").
+    forced: Optional[str] = None
 
     def __init__(
         self,
@@ -115,10 +118,16 @@ class Engine:
                 )
         return self._plan_graph(graph)
 
-    def _plan_graph(self, graph: FactorGraph, observation_plates: Optional[Mapping[str, Any]] = None) -> Plan:
+    def _plan_graph(
+        self,
+        graph: FactorGraph,
+        observation_plates: Optional[Mapping[str, Any]] = None,
+        blocks: Optional[Sequence[Sequence[str]]] = None,
+    ) -> Plan:
         """Choose every factor's estimator for a traced graph."""
         observation_plates = observation_plates or {}
         graph = as_point_estimates(graph, self.point_estimates)
+        graph = as_blocks(graph, self.blocks if blocks is None else blocks)
         self._check_options(graph)
         qs = {name: variable_q(node, graph.plates) for name, node in graph.variables.items()}
         transforms = {v: q.transform for v, q in qs.items() if q.transform is not None}
@@ -132,13 +141,8 @@ class Engine:
 
     def _check_options(self, graph: FactorGraph) -> None:
         for site in self.families:
-            if site not in graph.variables:
+            if site not in graph.variables and not any(site in (m.name for m in n.members) for n in graph.variables.values()):
                 raise ModelError(f"site {site!r}: families names a site that is not a latent of the model; use one of {sorted(graph.variables)}.")
-        if self.blocks:
-            raise ModelError(
-                f"site {self.blocks[0][0]!r}: joint Gaussian blocks are not implemented yet; "
-                "remove blocks= to fit each site's own q."
-            )
         for site in self.init:
             if site not in graph.variables:
                 raise ModelError(f"site {site!r}: init names a site that is not a latent variable of the model; use one of {sorted(graph.variables)}.")
@@ -153,6 +157,8 @@ class Engine:
         choice = self._estimator_choice(name)
         node = graph.factors[name]
         explicit = isinstance(self.estimator, Mapping) and name in self.estimator
+        if self.forced is not None:
+            return gaussian_factor_estimator(graph, name, qs, examples, self.forced, self.num_samples, "Laplace")
         if explicit and choice != "exact" and not self.exact_only:
             return gaussian_factor_estimator(graph, name, qs, examples, choice, self.num_samples, "chosen by the user")
         try:

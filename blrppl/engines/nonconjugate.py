@@ -32,6 +32,7 @@ class NonConjugateVI(Engine):
         mode: str = "global",
         schedule: str = "sequential",
         families: Optional[dict] = None,
+        blocks: Optional[Sequence[Sequence[str]]] = None,
         order: Optional[Sequence[str]] = None,
         init: Optional[dict] = None,
     ):
@@ -43,6 +44,7 @@ class NonConjugateVI(Engine):
             estimator="exact",
             num_samples=num_samples,
             families=families,
+            blocks=blocks,
             order=order,
             init=init,
         )

@@ -49,7 +49,9 @@ def example_latents(graph: FactorGraph) -> dict[str, jax.Array]:
     values = {name: site["value"] for name, site in trace.items() if site["type"] == "sample"}
     out = {}
     for name, node in graph.variables.items():
-        if node.chain is not None and len(node.chain.sites) > 1:
+        if node.members:
+            out[name] = {m.name: jnp.asarray(values[m.name]) for m in node.members}
+        elif node.chain is not None and len(node.chain.sites) > 1:
             out[name] = join_chain(values, node.chain.sites, node.chain.time_axis)
         else:
             out[name] = jnp.asarray(values[name])
@@ -62,6 +64,8 @@ def owner(graph: FactorGraph, factor: str):
         return None
     for name, node in graph.variables.items():
         if name == factor or (node.chain is not None and factor in node.chain.sites):
+            return name
+        if any(member.name == factor for member in node.members):
             return name
     return None
 
@@ -97,6 +101,11 @@ def factor_log_density(
             transform = transforms.get(name)
             if transform is None:
                 constrained[name] = value
+                continue
+            if hasattr(transform, "log_abs_det_jacobian_site"):  # a joint block of sites
+                constrained.update(transform(value))
+                if name == own:
+                    jacobian = transform.log_abs_det_jacobian_site(value, factor)
                 continue
             constrained[name] = transform(value)
             if name == own:

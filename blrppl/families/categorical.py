@@ -12,7 +12,8 @@ along 1 (positive definite on any K - 1 coordinates). ``from_usual``,
 .. warning::
     A value x is an integer category (event_ndim 0, as in numpyro), but its
     statistic has a trailing K axis, so ``sufficient_stats`` needs
-    ``num_categories``. A category with π_k = 0 has λ_k = -∞.
+    ``num_categories``. A category with π_k = 0 has λ_k = -∞, and then
+    <λ, μ> (so the entropy and the KL) is NaN from 0 · ∞; keep π_k > 0.
 """
 
 from __future__ import annotations

@@ -86,11 +86,15 @@ def _backward(natural: ChainCategoricalStats) -> Array:
         return new, new
 
     last = jnp.zeros_like(natural.one_hot[-1])
-    _, rest = jax.lax.scan(step, last, (natural.one_hot[1:], natural.pair), reverse=True)
+    _, rest = jax.lax.scan(
+        step, last, (natural.one_hot[1:], natural.pair), reverse=True
+    )
     return jnp.concatenate([rest, last[None]])
 
 
-def sufficient_stats(z: ArrayLike, num_categories: int | None = None) -> ChainCategoricalStats:
+def sufficient_stats(
+    z: ArrayLike, num_categories: int | None = None
+) -> ChainCategoricalStats:
     """Return T(z) for integer chains ``z`` of shape (..., T).
 
     Raises:
@@ -159,7 +163,9 @@ def natural_params(mean: ChainCategoricalStats) -> ChainCategoricalStats:
     log_marg = _safe_log(mean.one_hot)
     log_pair = _safe_log(mean.pair)
     denom = log_marg[..., :-1, :, None] + log_marg[..., 1:, None, :]
-    pair = jnp.where(mean.pair > 0, log_pair - jnp.where(mean.pair > 0, denom, 0.0), -jnp.inf)
+    pair = jnp.where(
+        mean.pair > 0, log_pair - jnp.where(mean.pair > 0, denom, 0.0), -jnp.inf
+    )
     return ChainCategoricalStats(one_hot=log_marg, pair=pair)
 
 
@@ -189,7 +195,9 @@ def from_usual(
     """
     if unary_logits is not None and pair_logits is not None and initial_probs is None:
         if transition_probs is not None:
-            raise ValueError("give either the Markov form or the potential form, not both.")
+            raise ValueError(
+                "give either the Markov form or the potential form, not both."
+            )
         unary, pair = _util.as_floats(unary_logits, pair_logits)
         batch = jnp.broadcast_shapes(unary.shape[:-2], pair.shape[:-3])
         t, k = unary.shape[-2:]
@@ -197,18 +205,28 @@ def from_usual(
             one_hot=jnp.broadcast_to(unary, batch + (t, k)),
             pair=jnp.broadcast_to(pair, batch + (t - 1, k, k)),
         )
-    if initial_probs is not None and transition_probs is not None and unary_logits is None:
+    if (
+        initial_probs is not None
+        and transition_probs is not None
+        and unary_logits is None
+    ):
         if pair_logits is not None:
-            raise ValueError("give either the Markov form or the potential form, not both.")
+            raise ValueError(
+                "give either the Markov form or the potential form, not both."
+            )
         init, trans = _util.as_floats(initial_probs, transition_probs)
         if num_steps is not None:
             trans = jnp.broadcast_to(
-                trans[..., None, :, :], trans.shape[:-2] + (num_steps - 1,) + trans.shape[-2:]
+                trans[..., None, :, :],
+                trans.shape[:-2] + (num_steps - 1,) + trans.shape[-2:],
             )
         batch = jnp.broadcast_shapes(init.shape[:-1], trans.shape[:-3])
         t1, k = trans.shape[-3], trans.shape[-1]
         unary = jnp.concatenate(
-            [_safe_log(init)[..., None, :], jnp.zeros(init.shape[:-1] + (t1, k), init.dtype)],
+            [
+                _safe_log(init)[..., None, :],
+                jnp.zeros(init.shape[:-1] + (t1, k), init.dtype),
+            ],
             axis=-2,
         )
         return ChainCategoricalStats(
@@ -245,7 +263,10 @@ def from_numpyro(d: dist.Distribution) -> ChainCategoricalStats:
     full = tuple(d.batch_shape) + tuple(d.event_shape)
     batch = full[:-1]
     return ChainCategoricalStats(
-        *(jnp.broadcast_to(a, batch + a.shape[a.ndim - n :]) for a, n in zip(base.natural, _STATS_NDIM))
+        *(
+            jnp.broadcast_to(a, batch + a.shape[a.ndim - n :])
+            for a, n in zip(base.natural, _STATS_NDIM)
+        )
     )
 
 
@@ -261,7 +282,9 @@ def _sample_one(rng_key: PRNGKey, natural: ChainCategoricalStats, num: int) -> A
         return z, z
 
     keys = jax.random.split(key_rest, natural.pair.shape[0])
-    _, rest = jax.lax.scan(step, last, (keys, log_alpha[:-1], natural.pair), reverse=True)
+    _, rest = jax.lax.scan(
+        step, last, (keys, log_alpha[:-1], natural.pair), reverse=True
+    )
     return jnp.concatenate([rest, last[None]]).T  # (num, T)
 
 
@@ -275,16 +298,22 @@ def sample(
     size = math.prod(batch)
     keys = jax.random.split(rng_key, size)
     keys = keys.reshape(batch + keys.shape[1:])
-    fn = lambda args: _sample_one(args[0], args[1], num)  # noqa: E731
-    zs = vmap_over_batch(fn, (keys, natural), (keys.ndim - len(batch),) + _STATS_NDIM, batch)
+    fn = lambda args: _sample_one(args[0], args[1], num)
+    zs = vmap_over_batch(
+        fn, (keys, natural), (keys.ndim - len(batch),) + _STATS_NDIM, batch
+    )
     zs = jnp.moveaxis(zs, len(batch), 0)
     return zs.reshape(sample_shape + zs.shape[1:])
 
 
 def is_valid(natural: ChainCategoricalStats) -> Array:
     """Return A(λ) finite (some path has positive probability) and no +∞/NaN potential."""
-    no_nan = jnp.all(~jnp.isnan(natural.one_hot) & (natural.one_hot < jnp.inf), axis=(-2, -1))
-    no_nan &= jnp.all(~jnp.isnan(natural.pair) & (natural.pair < jnp.inf), axis=(-3, -2, -1))
+    no_nan = jnp.all(
+        ~jnp.isnan(natural.one_hot) & (natural.one_hot < jnp.inf), axis=(-2, -1)
+    )
+    no_nan &= jnp.all(
+        ~jnp.isnan(natural.pair) & (natural.pair < jnp.inf), axis=(-3, -2, -1)
+    )
     return no_nan & jnp.isfinite(log_normalizer(natural))
 
 
@@ -301,7 +330,11 @@ class ChainCategoricalDistribution(dist.Distribution):
     def __init__(self, natural: ChainCategoricalStats, *, validate_args=None):
         self.natural = ChainCategoricalStats(*natural)
         shape = jnp.shape(self.natural.one_hot)
-        super().__init__(batch_shape=shape[:-2], event_shape=shape[-2:-1], validate_args=validate_args)
+        super().__init__(
+            batch_shape=shape[:-2],
+            event_shape=shape[-2:-1],
+            validate_args=validate_args,
+        )
 
     @constraints.dependent_property(is_discrete=True, event_dim=1)
     def support(self):

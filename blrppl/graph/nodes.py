@@ -94,6 +94,8 @@ class VariableNode:
         observed_mask: for the ``y_unobserved`` latent of an ``obs_mask`` site,
             the boolean mask of observed positions (those positions carry no
             q); else None.
+        members: for a joint block (``blocks=[...]``), the variable nodes of
+            the sites it joins, in order; else empty.
     """
 
     name: str
@@ -108,6 +110,7 @@ class VariableNode:
     discrete: bool
     chain: Optional[ChainInfo] = None
     observed_mask: Optional[np.ndarray] = None
+    members: tuple = ()  # a joint block: the VariableNodes of the sites it joins
 
 
 @dataclasses.dataclass(frozen=True)

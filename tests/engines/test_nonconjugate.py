@@ -63,3 +63,32 @@ def test_exact_only_engines_still_refuse_non_conjugate_factors(rng_key):
         assert "NonConjugateVI" in str(error)
     else:
         raise AssertionError("VMP accepted a non-conjugate factor")
+
+
+def test_laplace_equals_newton_at_a_verified_map(rng_key):
+    """Laplace = MAP (gradient ~ 0) with precision = -Hessian of the log joint there."""
+    from jax.flatten_util import ravel_pytree
+    from numpyro.infer.util import potential_energy
+
+    entry = ZOO["logistic_regression"]
+    args, kwargs = entry.data()
+    result = blrppl.Laplace(entry.model).run(rng_key, 40, *args, progress_bar=False, tol=1e-12, **kwargs)
+    q = result.posterior["beta"]
+    params = {"beta": jnp.asarray(q.mean)}
+    flat, unravel = ravel_pytree(params)
+    energy = lambda x: potential_energy(entry.model, args, kwargs, unravel(x))  # noqa: E731
+    assert np.max(np.abs(jax.grad(energy)(flat))) < 1e-8
+    np.testing.assert_allclose(np.linalg.inv(q.covariance_matrix), jax.hessian(energy)(flat), rtol=1e-8)
+
+
+def test_blocks_keep_correlations_between_sites(rng_key):
+    entry = ZOO["eight_schools_noncentered"]
+    args, kwargs = entry.data()
+    result = blrppl.NonConjugateVI(entry.model, blocks=[("mu", "tau", "theta_raw")], estimator="delta", learning_rate=0.5).run(
+        rng_key, 30, *args, progress_bar=False, **kwargs
+    )
+    assert set(result.natural_params) == {"mu+tau+theta_raw"}
+    assert set(result.posterior) == {"mu", "tau", "theta_raw"}
+    draws = result.sample(rng_key, 50)
+    assert draws["theta_raw"].shape == (50, 8) and draws["theta"].shape == (50, 8)
+    assert np.all(np.asarray(draws["tau"]) > 0)
