@@ -24,12 +24,28 @@ for name in ["normal_mean_precision", "gaussian_mixture", "beta_bernoulli", "lin
         "finite": bool(all(np.all(np.isfinite(np.asarray(x))) for x in leaves) and np.all(np.isfinite(np.asarray(result.elbo)))),
         "dtypes": sorted({str(x.dtype) for x in leaves}),
     }
+import jax.numpy as jnp, numpyro, numpyro.distributions as dist
+def svi_model(y, m):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("N", y.shape[0], subsample_size=m) as idx:
+        numpyro.sample("y", dist.Normal(mu, 0.5), obs=y[idx])
+y = jnp.asarray(1.0 + 0.5 * np.random.default_rng(3).normal(size=2000), jnp.float32)
+for mode, rate in (("global", lambda t: 1.0 / t), ("local", 1.0)):
+    r = blrppl.SVI(svi_model, mode=mode, learning_rate=rate).run(jax.random.key(0), 20, y, 100, progress_bar=False)
+    lam = r.natural_params["mu"]
+    out["svi_" + mode] = {"loc": float(r.posterior["mu"].loc), "finite": bool(np.isfinite(float(lam.x))), "dtypes": sorted({str(lam.x.dtype)})}
 print(json.dumps(out))
 """
 
 
 def test_vmp_in_float32_is_finite_and_close_to_float64():
     out = json.loads(run_in_float32(SCRIPT).strip().splitlines()[-1])
+    for mode in ("global", "local"):
+        got = out.pop("svi_" + mode)
+        y64 = np.asarray(np.asarray(1.0 + 0.5 * np.random.default_rng(3).normal(size=2000), np.float32), np.float64)
+        exact = (y64.sum() / 0.25) / (1 / 100 + 2000 / 0.25)
+        assert got["finite"] and got["dtypes"] == ["float32"]
+        np.testing.assert_allclose(got["loc"], float(exact), rtol=1e-4)
     for name, got in out.items():
         entry = ZOO[name]
         args, kwargs = entry.data()
