@@ -16,7 +16,7 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def run_in_float32(code: str, timeout: float = 120.0) -> str:
-    """Run ``code`` with ``sys.executable -c`` under ``JAX_ENABLE_X64=0``; return stdout.
+    """Run ``code`` in ``sys.executable -c`` with ``JAX_ENABLE_X64=0``; return stdout.
 
     The repository root is put first on ``PYTHONPATH`` so ``import blrppl`` works.
 
@@ -40,6 +40,6 @@ def run_in_float32(code: str, timeout: float = 120.0) -> str:
     )
     if proc.returncode != 0:
         raise RuntimeError(
-            f"float32 subprocess failed with exit code {proc.returncode}:\n{proc.stderr}"
+            f"float32 subprocess exited with code {proc.returncode}:\n{proc.stderr}"
         )
     return proc.stdout

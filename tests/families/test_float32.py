@@ -1,0 +1,84 @@
+"""Float32 stability: round trips in a JAX_ENABLE_X64=0 child process (optax style).
+
+The parent session runs in float64 (``tests/conftest.py``); the child never sees
+that setting, so nothing toggles ``jax.config`` here.
+"""
+
+import json
+
+import pytest
+
+from blrppl.families import FAMILIES
+
+try:
+    from tests.float32 import run_in_float32
+except ImportError:  # ``tests`` is not a package: pytest put tests/ on sys.path.
+    from float32 import run_in_float32
+
+SCRIPT = r"""
+import json
+import jax
+import jax.numpy as jnp
+from blrppl.families import get_family
+
+assert not jax.config.jax_enable_x64
+f32 = lambda x: jnp.asarray(x, jnp.float32)
+cov = f32([[2.0, 0.5, 0.0], [0.5, 1.0, 0.2], [0.0, 0.2, 1.5]])
+USUAL = {
+    "Normal": dict(loc=f32([0.5, -1.0, 2.0]), scale=f32([0.5, 1.0, 2.0])),
+    "DiagonalNormal": dict(loc=f32([[0.5, -1.0, 2.0]] * 2), scale=f32([0.5, 1.0, 2.0])),
+    "MultivariateNormal": dict(loc=f32([1.0, -0.5, 0.2]), covariance_matrix=cov),
+    "Gamma": dict(concentration=f32([0.5, 2.0, 10.0]), rate=f32([1.0, 0.5, 3.0])),
+    "InverseGamma": dict(concentration=f32([3.0, 5.0]), rate=f32([1.0, 2.0])),
+    "Beta": dict(
+        concentration1=f32([0.5, 2.0, 5.0]), concentration0=f32([1.0, 3.0, 0.8])
+    ),
+    "Dirichlet": dict(concentration=f32([[1.0, 2.0, 3.0], [0.5, 4.0, 2.0]])),
+    "Categorical": dict(probs=f32([[0.2, 0.3, 0.5], [0.6, 0.1, 0.3]])),
+    "Bernoulli": dict(probs=f32([0.2, 0.7])),
+    "Wishart": dict(concentration=f32(5.0), scale_matrix=f32([[1.0, 0.3], [0.3, 2.0]])),
+}
+
+
+def rel_err(actual, expected):
+    errs = [
+        float(jnp.max(jnp.abs(a - e)) / jnp.max(jnp.abs(e)))
+        for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected))
+    ]
+    return max(errs)
+
+
+out = {}
+for name, usual in USUAL.items():
+    family = get_family(name)
+    natural = family.from_usual(**usual)
+    mean = jax.jit(family.mean_params)(natural)
+    back = jax.jit(family.natural_params)(mean)
+    usual_back = family.to_usual(family.from_usual(**family.to_usual(natural)))
+    leaves = jax.tree.leaves((natural, mean, back, usual_back))
+    out[name] = {
+        "dtypes": sorted({str(leaf.dtype) for leaf in leaves}),
+        "natural_round_trip": rel_err(back, natural),
+        "usual_round_trip": rel_err(usual_back, family.to_usual(natural)),
+    }
+print(json.dumps(out))
+"""
+
+
+def test_float32_round_trips_keep_dtype_and_accuracy():
+    """One child process for every family (starting JAX there costs seconds)."""
+    results = json.loads(run_in_float32(SCRIPT).strip().splitlines()[-1])
+    assert sorted(results) == sorted(FAMILIES)
+    failures = {
+        name: result
+        for name, result in results.items()
+        if result["dtypes"] != ["float32"]
+        or result["natural_round_trip"] >= 1e-4
+        or result["usual_round_trip"] >= 1e-4
+    }
+    assert not failures
+
+
+def test_run_in_float32_reports_failures():
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        run_in_float32("1 / 0")
