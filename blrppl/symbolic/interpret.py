@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
+from jax.extend.core import jaxpr_as_fun
 
 from blrppl.symbolic import algebra
 from blrppl.symbolic.terms import (
@@ -294,6 +295,100 @@ class Interpreter:
         shape = tuple(eqn.outvars[0].aval.shape)
         return Poly(shape, extended.labels[:-1], extended.terms, extended.selectors + (selector,))
 
+    def _rule_scan(self, eqn, *invals):
+        """A scan interpreted as a scan: carries that restart from the inputs.
+
+        ``numpyro.contrib.control_flow.scan`` bodies carry the previous latent
+        state, a step counter and PRNG keys. Carries that are not random (the
+        counter, keys) are run concretely once; a random carry may depend on
+        the step's inputs but not on the previous random carry (the state is
+        the substituted value of a latent, not an accumulation). Then every
+        step is one vmapped call of the body over time, once to get the new
+        carries and once with the shifted carries for the outputs, and that
+        array program is interpreted symbolically; nothing is unrolled.
+        """
+        params = eqn.params
+        num_consts, num_carry, length = params["num_consts"], params["num_carry"], params["length"]
+        body = params["jaxpr"]
+        var = next((_first_var(v) for v in invals if _is_symbolic(v)), None)
+        if params.get("reverse"):
+            raise NonConjugate(var, "a reversed scan over random values")
+        depends = _output_dependencies(body.jaxpr)
+        symbolic_in = {i for i, v in enumerate(invals) if _is_symbolic(v)}
+        carry_in = {k: num_consts + k for k in range(num_carry)}
+        random_carry = {k for k in range(num_carry) if carry_in[k] in symbolic_in}
+        changed = True
+        while changed:
+            changed = False
+            for k in range(num_carry):
+                sources = symbolic_in | {carry_in[j] for j in random_carry}
+                if k not in random_carry and depends[k] & sources:
+                    random_carry.add(k)
+                    changed = True
+        for k in random_carry:
+            if depends[k] & {carry_in[j] for j in random_carry}:
+                raise NonConjugate(
+                    var,
+                    "a scan whose random carry accumulates (the next carry depends on the previous "
+                    "random one); write the state as a latent sample site inside the scan",
+                )
+        fixed = [k for k in range(num_carry) if k not in random_carry]
+        avals = [v.aval for v in eqn.invars]
+        examples = [
+            jnp.zeros(a.shape, a.dtype) if _is_symbolic(v) else (v if _is_key(v) else jnp.asarray(v))
+            for v, a in zip(invals, avals)
+        ]
+        fn = jaxpr_as_fun(body)
+        consts_ex = examples[:num_consts]
+        xs_ex = examples[num_consts + num_carry :]
+
+        def trajectory(carry, xs):
+            out = fn(*consts_ex, *carry, *xs)
+            return tuple(out[:num_carry]), tuple(carry[k] for k in fixed)
+
+        final_ex, fixed_stack = jax.lax.scan(
+            trajectory, tuple(examples[num_consts : num_consts + num_carry]), tuple(xs_ex), length=length
+        )
+
+        def program(consts, init, xs, fixed_stack):
+            def step(fixed_t, random_t, xs_t):
+                carry = [None] * num_carry
+                for k, value in zip(fixed, fixed_t):
+                    carry[k] = value
+                for k, value in zip(sorted(random_carry), random_t):
+                    carry[k] = value
+                return fn(*consts, *carry, *xs_t)
+
+            random_init = [init[k] for k in sorted(random_carry)]
+            first = jax.vmap(step, in_axes=(0, None, 0), axis_size=length)(fixed_stack, random_init, xs)
+            new = [first[k] for k in sorted(random_carry)]
+            shifted = [jnp.concatenate([jnp.expand_dims(i, 0), n[:-1]], 0) for i, n in zip(random_init, new)]
+            second = jax.vmap(step, in_axes=(0, 0, 0), axis_size=length)(fixed_stack, shifted, xs)
+            finals = [None] * num_carry
+            for k, n in zip(sorted(random_carry), new):
+                finals[k] = n[-1]
+            return finals, list(second[num_carry:])
+
+        closed = jax.make_jaxpr(
+            lambda consts, init, xs, fs: program(consts, init, xs, fs)
+        )(consts_ex, examples[num_consts : num_consts + num_carry], xs_ex, fixed_stack)
+        outs = self._eval(
+            closed.jaxpr,
+            closed.consts,
+            list(invals[:num_consts]) + list(invals[num_consts : num_consts + num_carry]) + list(invals[num_consts + num_carry :]) + list(fixed_stack),
+        )
+        finals = outs[: len(random_carry)]
+        ys = outs[len(random_carry) :]
+        carries = []
+        random_order = sorted(random_carry)
+        for k in range(num_carry):
+            if k in random_carry:
+                carries.append(finals[random_order.index(k)])
+            else:
+                value = final_ex[k]
+                carries.append(value if _is_key(value) else np.asarray(value))
+        return carries + ys
+
     def _rule_gather(self, eqn, operand, indices):
         if not _is_symbolic(indices):
             return self._structural(eqn, [operand, indices])
@@ -432,6 +527,19 @@ def _index_dense(idx: Index, labels: Sequence, space: Labels) -> np.ndarray:
     arr = np.transpose(arr, order) if arr.ndim else arr
     dims = iter(arr.shape)
     return arr.reshape([next(dims) if lab in own else 1 for lab in labels])
+
+
+def _output_dependencies(jaxpr) -> list[set]:
+    """For each output of a jaxpr, the positions of the inputs it depends on."""
+    deps: dict = {v: {i} for i, v in enumerate(jaxpr.invars)}
+    for eqn in jaxpr.eqns:
+        sources: set = set()
+        for v in eqn.invars:
+            if not isinstance(v, jex_core.Literal):
+                sources |= deps.get(v, set())
+        for v in eqn.outvars:
+            deps[v] = sources
+    return [set() if isinstance(v, jex_core.Literal) else deps.get(v, set()) for v in jaxpr.outvars]
 
 
 def _live_equations(jaxpr) -> list:
