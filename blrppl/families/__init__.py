@@ -9,6 +9,14 @@ from blrppl.families.base import ExpFamily, entropy, family_inner, kl_divergence
 from blrppl.families.bernoulli import BERNOULLI, BernoulliStats
 from blrppl.families.beta import BETA, BetaStats
 from blrppl.families.categorical import CATEGORICAL, CategoricalStats
+from blrppl.families.chain_categorical import CHAIN_CATEGORICAL, ChainCategoricalStats
+from blrppl.families.chain_gaussian import (
+    CHAIN_GAUSSIAN,
+    CHAIN_GAUSSIAN_PARALLEL,
+    SCALAR_CHAIN_GAUSSIAN,
+    SCALAR_CHAIN_GAUSSIAN_PARALLEL,
+    ChainGaussianStats,
+)
 from blrppl.families.dirichlet import DIRICHLET, DirichletStats
 from blrppl.families.gamma import GAMMA, GammaStats
 from blrppl.families.inverse_gamma import INVERSE_GAMMA, InverseGammaStats
@@ -27,6 +35,11 @@ __all__ = [
     "BERNOULLI",
     "BETA",
     "CATEGORICAL",
+    "CHAIN_CATEGORICAL",
+    "CHAIN_GAUSSIAN",
+    "CHAIN_GAUSSIAN_PARALLEL",
+    "SCALAR_CHAIN_GAUSSIAN",
+    "SCALAR_CHAIN_GAUSSIAN_PARALLEL",
     "DIAGONAL_NORMAL",
     "DIRICHLET",
     "FAMILIES",
@@ -38,6 +51,8 @@ __all__ = [
     "BernoulliStats",
     "BetaStats",
     "CategoricalStats",
+    "ChainCategoricalStats",
+    "ChainGaussianStats",
     "DirichletStats",
     "ExpFamily",
     "GammaStats",

@@ -11,6 +11,13 @@ from blrppl.families.base import ExpFamily
 from blrppl.families.bernoulli import BERNOULLI
 from blrppl.families.beta import BETA
 from blrppl.families.categorical import CATEGORICAL
+from blrppl.families.chain_categorical import CHAIN_CATEGORICAL
+from blrppl.families.chain_gaussian import (
+    CHAIN_GAUSSIAN,
+    CHAIN_GAUSSIAN_PARALLEL,
+    SCALAR_CHAIN_GAUSSIAN,
+    SCALAR_CHAIN_GAUSSIAN_PARALLEL,
+)
 from blrppl.families.dirichlet import DIRICHLET
 from blrppl.families.gamma import GAMMA
 from blrppl.families.inverse_gamma import INVERSE_GAMMA
@@ -31,6 +38,11 @@ FAMILIES: dict[str, ExpFamily] = {
         CATEGORICAL,
         BERNOULLI,
         WISHART,
+        CHAIN_GAUSSIAN,
+        CHAIN_GAUSSIAN_PARALLEL,
+        SCALAR_CHAIN_GAUSSIAN,
+        SCALAR_CHAIN_GAUSSIAN_PARALLEL,
+        CHAIN_CATEGORICAL,
     )
 }
 """Every exponential family for q, by the name used in ``families={site: name}``."""

@@ -67,6 +67,11 @@ def test_families_are_named_by_their_key():
         "Categorical",
         "Bernoulli",
         "Wishart",
+        "ChainGaussian",
+        "ChainGaussianParallel",
+        "ScalarChainGaussian",
+        "ScalarChainGaussianParallel",
+        "ChainCategorical",
     }
     for name, family in FAMILIES.items():
         assert isinstance(family, ExpFamily)
