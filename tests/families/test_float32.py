@@ -68,7 +68,8 @@ print(json.dumps(out))
 def test_float32_round_trips_keep_dtype_and_accuracy():
     """One child process for every family (starting JAX there costs seconds)."""
     results = json.loads(run_in_float32(SCRIPT).strip().splitlines()[-1])
-    assert sorted(results) == sorted(FAMILIES)
+    # Chain families have their own float32 test (tests/families/test_chains.py).
+    assert sorted(results) == sorted(n for n in FAMILIES if "Chain" not in n)
     failures = {
         name: result
         for name, result in results.items()
