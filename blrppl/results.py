@@ -78,15 +78,16 @@ class BLRResult(NamedTuple):
             latents[v] = draws if q.transform is None else q.transform(draws)
         graph = self.graph
         names = list(graph.deterministics)
+        sites = jax.vmap(lambda values: split_latents(graph, values))(latents)
         if not names:
-            return split_latents(graph, latents) | latents
+            return {**sites, **latents}
 
         def deterministic(values):
             sites = replay(graph, values, self.state.params, deterministic=True)
             return {n: sites[n].value for n in names if n in sites}
 
         dets = jax.vmap(deterministic)(latents)
-        return {**split_latents(graph, latents), **latents, **dets}
+        return {**sites, **latents, **dets}
 
     def to_arviz(self, rng_key: jax.Array | None = None, num_samples: int = 1000):
         """The fit as ``arviz.InferenceData``: posterior draws, log likelihood, ELBO."""

@@ -24,6 +24,8 @@ import jax.numpy as jnp
 
 from blrppl.families import (
     BERNOULLI,
+    CHAIN_GAUSSIAN,
+    SCALAR_CHAIN_GAUSSIAN,
     BETA,
     CATEGORICAL,
     DIRICHLET,
@@ -37,7 +39,7 @@ from blrppl.families import (
     NormalStats,
 )
 from blrppl.errors import ModelError
-from blrppl.symbolic.expectation import GAUSSIAN, VarInfo
+from blrppl.symbolic.expectation import CHAIN, GAUSSIAN, VarInfo
 
 _KINDS = {
     "Gamma": (GAMMA, "gamma"),
@@ -94,6 +96,8 @@ class VariableQ:
 
     def to_value_layout(self, mean: Any) -> dict:
         """Family mean parameters -> value-layout dict (see the module docstring)."""
+        if self.kind == CHAIN:
+            return dict(mean._asdict())
         if self.kind != GAUSSIAN:
             return dict(mean._asdict())
         if self.family is NORMAL or isinstance(mean, NormalStats):
@@ -106,6 +110,9 @@ class VariableQ:
 
     def from_value_layout(self, grads: dict) -> Any:
         """Gradients in value layout -> natural-parameter increments (family layout)."""
+        if self.kind == CHAIN:
+            xx = grads["xx"] if jnp.ndim(grads["xx"]) == 1 else _symmetrize(grads["xx"])
+            return self.family.stats_type(x=grads["x"], xx=xx, x_next=grads["x_next"])
         if self.kind != GAUSSIAN:
             out = self.family.stats_type(**{k: grads[k] for k in self.family.stats_type._fields})
             if self.kind == "wishart":
@@ -125,6 +132,18 @@ class VariableQ:
 
     def example_natural(self) -> Any:
         """Natural parameters with the right shapes (a standard member)."""
+        if self.kind == CHAIN:
+            length, state = self.shape[0], self.shape[1:]
+            if not state:
+                return self.family.stats_type(
+                    x=jnp.zeros((length,)), xx=jnp.full((length,), -0.5), x_next=jnp.zeros((length - 1,))
+                )
+            d = state[0]
+            return self.family.stats_type(
+                x=jnp.zeros((length, d)),
+                xx=-0.5 * jnp.broadcast_to(jnp.eye(d), (length, d, d)),
+                x_next=jnp.zeros((length - 1, d, d)),
+            )
         if self.kind == GAUSSIAN:
             if self.family is NORMAL:
                 return NormalStats(x=jnp.zeros(self.shape), x_sq=jnp.full(self.shape, -0.5))
@@ -147,6 +166,15 @@ def variable_q(node: Any, plates: dict, family_override: Optional[str] = None) -
       family_override: a family name that replaces ``node.family``.
     """
     name = family_override or node.family
+    if name == "ChainGaussian":
+        state = tuple(node.chain.state_shape) if node.chain is not None else tuple(node.shape[1:])
+        if node.transform is not None or len(state) > 1 or (node.chain is not None and node.chain.time_axis != 0):
+            raise ModelError(
+                f"site {node.name!r}: a chain with states of shape {state} on a transformed space or "
+                "with time on another axis is not supported; write states as vectors, time first."
+            )
+        family = SCALAR_CHAIN_GAUSSIAN if not state else CHAIN_GAUSSIAN
+        return VariableQ(node.name, family, CHAIN, tuple(node.shape), 1)
     transform = node.transform
     shape = tuple(node.shape)
     if transform is not None:

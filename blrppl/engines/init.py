@@ -22,12 +22,12 @@ import numpyro.distributions as dist
 from blrppl.blr.build import mean_params
 from blrppl.errors import ModelError
 from blrppl.estimators.base import owner
-from blrppl.symbolic.expectation import GAUSSIAN
+from blrppl.symbolic.expectation import CHAIN, GAUSSIAN
 
 
 def _placeholder(q, node) -> Any:
     """A valid member of the variable's family with the right shapes."""
-    if q.kind == GAUSSIAN:
+    if q.kind in (GAUSSIAN, CHAIN):
         return q.example_natural()
     if q.kind == "categorical":
         return q.family.stats_type(one_hot=jnp.zeros(q.shape + (q.num_categories,)))

@@ -49,6 +49,7 @@ from blrppl.symbolic.terms import (
 
 GAUSSIAN = "gaussian"
 POINT = "point"
+CHAIN = "chain_gaussian"
 
 # (family kind, atom kind, power) -> statistic name, for single reads.
 _STATS = {
@@ -158,7 +159,9 @@ def _expand(index: Index, labels: list, space: Labels) -> np.ndarray:
     return array.reshape(shape)
 
 
-def _reads_for_var(var: str, atoms: list[VarAtom], info: VarInfo, space: Labels, protected=frozenset()):
+def _reads_for_var(
+    var: str, atoms: list[VarAtom], info: VarInfo, space: Labels, protected=frozenset(), operands=()
+):
     """Split one variable's atoms in a term into alternatives.
 
     Returns a list of ``(sign, extra_operand_or_subs, reads)``: the term's
@@ -166,6 +169,8 @@ def _reads_for_var(var: str, atoms: list[VarAtom], info: VarInfo, space: Labels,
     with the given label unification or mask applied to the whole term.
     """
     nb = info.num_batch
+    if info.kind == CHAIN:
+        return _chain_reads(var, atoms, info, space, operands)
     if info.kind == POINT:
         # A point mass: E[f(x)] = f(x) for every f, so reads never interact.
         return [(1.0, None, tuple(StatRead(var, _point_stat(a), a.index) for a in atoms))]
@@ -223,6 +228,77 @@ def _reads_for_var(var: str, atoms: list[VarAtom], info: VarInfo, space: Labels,
             if status != "never":
                 raise NonConjugate(var, f"a product of two statistics of {var!r} at one position is not a sufficient statistic of its {info.kind} q")
     return [(1.0, None, tuple(reads))]
+
+
+def _chain_reads(var: str, atoms: list[VarAtom], info: VarInfo, space: Labels, operands=()):
+    """Reads of a chain Gaussian (time on axis 0): E[x_t x_s] by |t - s|.
+
+    Statistics: ``x`` (T, *s), ``xx`` = E[x_t x_tᵀ] (T, *s, *s) and ``x_next``
+    = E[x_t x_{t+1}ᵀ] (T-1, *s, *s); positions two or more steps apart are
+    independent given the marginals only in expectation of products, which
+    for a Gaussian chain is not zero covariance: such pairs are refused.
+    """
+    linear = []
+    for atom in atoms:
+        if atom.kind != "x" or atom.power not in (1, 2):
+            what = f"{atom.kind}({var!r})" if atom.kind != "x" else f"{var!r} ** {atom.power}"
+            raise NonConjugate(var, f"{what} is not a sufficient statistic of its chain Gaussian q")
+        linear += [atom] * int(atom.power)
+    if len(linear) > 2:
+        raise NonConjugate(var, f"a polynomial of degree {len(linear)} in {var!r} (Gaussian q: at most 2)")
+    if len(linear) == 1:
+        return [(1.0, None, (StatRead(var, "x", linear[0].index),))]
+    a, b = linear
+    if a.index[0].same_as(b.index[0]):
+        return [(1.0, None, (StatRead(var, "xx", a.index + b.index[1:]),))]
+    labels: list = []
+    for idx in (a.index[0], b.index[0]):
+        for lab in idx.labels:
+            if lab not in labels:
+                labels.append(lab)
+    ta, tb = _expand(a.index[0], labels, space), _expand(b.index[0], labels, space)
+    diff = np.broadcast_to(tb - ta, np.broadcast_shapes(ta.shape, tb.shape))
+    # Positions where the term's constant operands vanish (e.g. the masks of a
+    # concatenation) do not count.
+    support = np.ones(diff.shape, bool)
+    for op in operands:
+        if op.labels and set(op.labels) <= set(labels):
+            support = support & (_expand_operand(op, labels) != 0)
+    length = info.shape[0]
+    if np.any((np.abs(diff) >= 2) & support):
+        raise NonConjugate(
+            var,
+            f"a product of {var!r} at times two or more steps apart (its chain Gaussian q keeps "
+            "marginal and lag-one moments only)",
+        )
+    out = []
+    for lag, first, second in ((0, a, b), (1, a, b), (-1, b, a)):
+        mask = diff == lag
+        if not mask.any():
+            continue
+        operand = Operand(mask.astype(float), tuple(labels))
+        if lag == 0:
+            read = StatRead(var, "xx", first.index + second.index[1:])
+        else:
+            time = first.index[0]
+            safe = _clip_index(time, length - 2, space)
+            read = StatRead(var, "x_next", (safe,) + first.index[1:] + second.index[1:])
+        out.append((1.0, operand, (read,)))
+    return out
+
+
+def _expand_operand(op: Operand, labels: list) -> np.ndarray:
+    array = np.asarray(op.array)
+    own = list(op.labels)
+    array = np.transpose(array, [own.index(lab) for lab in labels if lab in own])
+    dims = iter(array.shape)
+    return array.reshape([next(dims) if lab in own else 1 for lab in labels])
+
+
+def _clip_index(index: Index, top: int, space: Labels) -> Index:
+    """The same positions, clipped to ``top`` (masked-out reads stay in bounds)."""
+    array, labels = _as_array(index, space)
+    return Index(tuple(labels), np.minimum(np.asarray(array), top))
 
 
 def _point_stat(atom: VarAtom) -> str:
@@ -295,7 +371,7 @@ def resolve(poly: Poly, infos: Mapping[str, VarInfo], space: Labels) -> list[Sta
             for coeff, operands, reads, pending in alternatives:
                 atoms = [a for a in pending if a.var == var]
                 rest = tuple(a for a in pending if a.var != var)
-                for sign, extra, var_reads in _reads_for_var(var, atoms, infos[var], space, protected):
+                for sign, extra, var_reads in _reads_for_var(var, atoms, infos[var], space, protected, operands):
                     ops, rds, rst = _apply((operands, reads + var_reads, rest), extra)
                     new.append((coeff * sign, ops, rds, rst))
             alternatives = new
