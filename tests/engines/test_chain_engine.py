@@ -56,3 +56,27 @@ def test_conjugate_bayes_on_a_scan_local_level_is_the_kalman_smoother(rng_key):
     np.testing.assert_allclose(result.elbo, evidence, rtol=1e-10)
     draws = result.sample(rng_key, 5)
     assert draws["level"].shape == (5, T + 1) and draws["level0"].shape == (5,)
+
+
+def random_walk(y=None):
+    level = numpyro.sample("level", dist.GaussianRandomWalk(LEVEL_SD, num_steps=T))
+    with numpyro.plate("time", T):
+        numpyro.sample("y", dist.Normal(level, OBS_SD), obs=y)
+
+
+def test_gaussian_random_walk_gets_the_exact_smoother(rng_key):
+    rng = np.random.default_rng(1)
+    y = np.cumsum(rng.normal(0.0, LEVEL_SD, T)) + rng.normal(0.0, OBS_SD, T)
+    result = blrppl.ConjugateBayes(random_walk).run(rng_key, 1, y=jnp.asarray(y), progress_bar=False)
+    w = 1.0 / LEVEL_SD**2
+    precision = np.eye(T) / OBS_SD**2
+    precision[0, 0] += w
+    for t in range(1, T):
+        precision[t, t] += w
+        precision[t - 1, t - 1] += w
+        precision[t, t - 1] -= w
+        precision[t - 1, t] -= w
+    covariance = np.linalg.inv(precision)
+    q = result.posterior["level"]
+    np.testing.assert_allclose(q.mean, covariance @ y / OBS_SD**2, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(q.variance, np.diag(covariance), rtol=1e-10)
