@@ -175,14 +175,7 @@ def _reads_for_var(
         # A point mass: E[f(x)] = f(x) for every f, so reads never interact.
         return [(1.0, None, tuple(StatRead(var, _point_stat(a), a.index) for a in atoms))]
     if info.kind == GAUSSIAN:
-        linear = []
-        for atom in atoms:
-            if atom.kind != "x" or atom.power not in (1, 2):
-                what = f"{atom.kind}({var!r})" if atom.kind != "x" else f"{var!r} ** {atom.power}"
-                raise NonConjugate(var, f"{what} is not a sufficient statistic of its Gaussian q")
-            linear += [atom] * int(atom.power)
-        if len(linear) > 2:
-            raise NonConjugate(var, f"a polynomial of degree {len(linear)} in {var!r} (Gaussian q: at most 2)")
+        linear = _linear_atoms(var, atoms, "Gaussian")
         if len(linear) == 1:
             return [(1.0, None, (StatRead(var, "x", linear[0].index),))]
         a, b = linear
@@ -230,22 +223,28 @@ def _reads_for_var(
     return [(1.0, None, tuple(reads))]
 
 
-def _chain_reads(var: str, atoms: list[VarAtom], info: VarInfo, space: Labels, operands=()):
-    """Reads of a chain Gaussian (time on axis 0): E[x_t x_s] by |t - s|.
-
-    Statistics: ``x`` (T, *s), ``xx`` = E[x_t x_tᵀ] (T, *s, *s) and ``x_next``
-    = E[x_t x_{t+1}ᵀ] (T-1, *s, *s); positions two or more steps apart are
-    independent given the marginals only in expectation of products, which
-    for a Gaussian chain is not zero covariance: such pairs are refused.
-    """
+def _linear_atoms(var: str, atoms: list[VarAtom], family: str) -> list[VarAtom]:
+    """A Gaussian variable's atoms as one or two degree-one factors (else NonConjugate)."""
     linear = []
     for atom in atoms:
         if atom.kind != "x" or atom.power not in (1, 2):
             what = f"{atom.kind}({var!r})" if atom.kind != "x" else f"{var!r} ** {atom.power}"
-            raise NonConjugate(var, f"{what} is not a sufficient statistic of its chain Gaussian q")
+            raise NonConjugate(var, f"{what} is not a sufficient statistic of its {family} q")
         linear += [atom] * int(atom.power)
     if len(linear) > 2:
         raise NonConjugate(var, f"a polynomial of degree {len(linear)} in {var!r} (Gaussian q: at most 2)")
+    return linear
+
+
+def _chain_reads(var: str, atoms: list[VarAtom], info: VarInfo, space: Labels, operands=()):
+    """Reads of a chain Gaussian (time on axis 0): E[x_t x_s] by |t - s|.
+
+    Statistics: ``x`` (T, *s), ``xx`` = E[x_t x_tᵀ] (T, *s, *s) and ``x_next``
+    = E[x_t x_{t+1}ᵀ] (T-1, *s, *s). Under a chain Gaussian, positions two or
+    more steps apart are still correlated and q keeps no statistic for them,
+    so such products are refused as non-conjugate.
+    """
+    linear = _linear_atoms(var, atoms, "chain Gaussian")
     if len(linear) == 1:
         return [(1.0, None, (StatRead(var, "x", linear[0].index),))]
     a, b = linear
