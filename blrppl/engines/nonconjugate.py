@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Mapping, Optional, Sequence, Union
 
 from blrppl.blr.schedules import robbins_monro
 from blrppl.engines.base import Engine
@@ -12,10 +12,14 @@ class NonConjugateVI(Engine):
     """Non-conjugate VI: conjugate factors exact, the others estimated.
 
     Factors with exact site parameters keep them; the others get natural
-    gradients of their expected log densities from ``estimator`` (``"mc"``:
+    gradients of their expected log densities from ``estimator`` (``"auto"``,
+    the default: Gauss-Hermite on GLM linear predictors and on small or
+    separable factors of one Gaussian, Monte Carlo elsewhere; ``"mc"``:
     reparameterised Monte Carlo with ``num_samples`` draws; ``"delta"``: the
     delta method, i.e. Newton/Laplace steps; ``"quadrature"``: Gauss-Hermite
-    for factors with one Gaussian neighbour), as in Khan & Lin (2017). Latents
+    for factors with one Gaussian neighbour), as in Khan & Lin (2017); a dict
+    ``{factor: method}`` sets it per factor (``"exact"`` keeps the default for
+    a conjugate factor). Latents
     whose prior has no exponential-family q (HalfCauchy, LogNormal, ...) get a
     Gaussian on the unconstrained space of their support. Steps are damped by
     ``learning_rate`` (default (t + 3)^-0.6) and kept in the natural parameter
@@ -26,7 +30,7 @@ class NonConjugateVI(Engine):
         self,
         model: Callable,
         *,
-        estimator: str = "mc",
+        estimator: Union[str, Mapping[str, str]] = "auto",
         num_samples: int = 16,
         learning_rate: Union[float, Callable] = robbins_monro(4.0, 0.6),
         mode: str = "global",
@@ -41,13 +45,15 @@ class NonConjugateVI(Engine):
             mode=mode,
             schedule=schedule,
             learning_rate=learning_rate,
-            estimator="exact",
+            estimator=estimator if isinstance(estimator, Mapping) else "exact",
             num_samples=num_samples,
             families=families,
             blocks=blocks,
             order=order,
             init=init,
         )
-        if estimator not in ("mc", "delta", "quadrature"):
-            raise ValueError(f"estimator must be 'mc', 'delta' or 'quadrature', got {estimator!r}.")
+        if isinstance(estimator, Mapping):
+            estimator = "auto"
+        if estimator not in ("auto", "mc", "delta", "quadrature"):
+            raise ValueError(f"estimator must be 'auto', 'mc', 'delta' or 'quadrature', got {estimator!r}.")
         self.fallback = estimator

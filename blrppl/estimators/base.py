@@ -78,6 +78,7 @@ def factor_log_density(
     *,
     use_canonical: bool = True,
     observation_plate: Any = None,
+    elementwise: bool = False,
 ) -> Callable[[Mapping[str, Any], Mapping[str, Any]], jax.Array]:
     """``log f(values, params)``: one factor's log density summed over its plates.
 
@@ -90,6 +91,8 @@ def factor_log_density(
     analysis understands; otherwise numpyro's ``log_prob``. With an
     ``observation_plate`` (a :class:`~blrppl.graph.nodes.Plate`), the result
     is a vector over that plate's positions, summed over everything else.
+    With ``elementwise``, it is the flattened array of per-element log
+    densities (no Jacobian: for factors other than a variable's own prior).
     """
     node = graph.factors[factor]
     own = owner(graph, factor)
@@ -119,6 +122,8 @@ def factor_log_density(
             log_prob = jnp.where(site.mask, log_prob, 0.0)
         if site.scale is not None:
             log_prob = log_prob * site.scale
+        if elementwise:
+            return jnp.ravel(log_prob)
         if observation_plate is not None:
             axis = jnp.ndim(log_prob) + observation_plate.dim
             log_prob = jnp.moveaxis(log_prob, axis, 0)

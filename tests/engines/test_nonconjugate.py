@@ -16,7 +16,9 @@ def test_conjugate_factors_keep_exact_site_parameters():
     plan = blrppl.NonConjugateVI(entry.model).plan(*args, **kwargs)
     methods = {e.factor: e.method for e in plan.estimators}
     assert methods["mu_alpha"] == methods["beta"] == "exact"
-    assert methods["y"] == "mc" and methods["sigma_y"] == "mc"
+    # "auto": several Gaussian neighbours -> Monte Carlo; the prior of the one scalar
+    # (log-scale) sigma_y -> Gauss-Hermite.
+    assert methods["y"] == "mc" and methods["sigma_y"] == "quadrature"
     edges = plan.graph.factors["y"].edges
     assert edges["sigma_y"].conjugate is False and edges["alpha"].conjugate is True
 
@@ -92,3 +94,59 @@ def test_blocks_keep_correlations_between_sites(rng_key):
     draws = result.sample(rng_key, 50)
     assert draws["theta_raw"].shape == (50, 8) and draws["theta"].shape == (50, 8)
     assert np.all(np.asarray(draws["tau"]) > 0)
+
+
+def gamma_scale_model(y=None):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    sigma = numpyro.sample("sigma", dist.Gamma(2.0, 1.0))  # a Gamma *scale*: not conjugate
+    with numpyro.plate("N", 40):
+        numpyro.sample("y", dist.Normal(mu, sigma), obs=y)
+
+
+def gamma_scale_optimum(y):
+    """The mean-field optimum q(mu) q(sigma) = N(m, v) Gamma(a, b), ELBO in closed form."""
+    from scipy.optimize import minimize
+    from scipy.special import digamma, gammaln
+
+    n = len(y)
+
+    def neg_elbo(p):
+        m, v, a, b = p[0], *np.exp(p[1:])
+        e_inv2, e_log = b**2 / ((a - 1) * (a - 2)), digamma(a) - np.log(b)
+        lik = -0.5 * n * np.log(2 * np.pi) - n * e_log - 0.5 * e_inv2 * np.sum((y - m) ** 2 + v)
+        prior = -0.5 * np.log(2 * np.pi * 100) - (m**2 + v) / 200 + e_log - a / b
+        entropy = 0.5 * np.log(2 * np.pi * np.e * v) + a - np.log(b) + gammaln(a) + (1 - a) * digamma(a)
+        return -(lik + prior + entropy)
+
+    res = minimize(neg_elbo, [1.0, np.log(0.1), np.log(20.0), np.log(40.0)], method="Nelder-Mead",
+                   options=dict(xatol=1e-10, fatol=1e-12, maxiter=20000))
+    return res.x[0], *np.exp(res.x[1:])
+
+
+def test_a_gamma_q_in_a_non_conjugate_factor_reaches_the_mean_field_optimum(rng_key):
+    """Reparameterised MC through the Gamma's mean parameters (sigma enters as 1/sigma^2)."""
+    y = 1.0 + 2.0 * np.random.default_rng(0).normal(size=40)
+    result = blrppl.NonConjugateVI(gamma_scale_model, num_samples=32).run(
+        rng_key, 800, y=jnp.asarray(y), progress_bar=False
+    )
+    assert result.estimators["y"] == "mc"
+    assert result.plan.qs["sigma"].family.name == "Gamma"
+    m, v, a, b = gamma_scale_optimum(y)
+    q_mu, q_sigma = result.posterior["mu"], result.posterior["sigma"]
+    assert abs(float(q_mu.mean) - m) < 0.05 * np.sqrt(v)
+    np.testing.assert_allclose(q_mu.variance, v, rtol=0.05)
+    np.testing.assert_allclose(q_sigma.mean, a / b, rtol=0.01)
+    np.testing.assert_allclose(q_sigma.variance, a / b**2, rtol=0.1)
+
+
+def test_discrete_q_in_a_non_conjugate_factor_is_refused_clearly(rng_key):
+    def model(y=None):
+        z = numpyro.sample("z", dist.Bernoulli(0.5))
+        numpyro.sample("y", dist.Normal(jnp.exp(z * 1.0), 1.0), obs=y)
+
+    try:
+        blrppl.NonConjugateVI(model).run(rng_key, 2, y=jnp.array(0.3), progress_bar=False)
+    except blrppl.ModelError as error:
+        assert "'z'" in str(error) and "reparameterised" in str(error)
+    else:
+        raise AssertionError("a Bernoulli q in a non-conjugate factor was accepted")

@@ -1,0 +1,237 @@
+"""Find a GLM's linear predictor in a factor's own code (Khan & Lin 2017).
+
+Many likelihoods touch their coefficients only through η = A z + o, one
+scalar per observation: ``Bernoulli(logits=X @ beta)``,
+``Poisson(jnp.exp(alpha + X @ beta))`` with ``(alpha, beta)`` one block,
+``Normal(X @ beta, sigma)``. Then E_q[log f] needs one-dimensional
+expectations only, and Gauss-Hermite on each η_n gives the exact site
+parameter of the block at any dimension
+(:func:`~blrppl.estimators.quadrature.linear_predictor_quadrature`).
+
+:func:`find_linear_predictor` reads the structure off the jaxpr of
+``z -> per-observation log f``: it follows which values are *affine* in z
+(sums, products with constants, matrix products with data, slices,
+reshapes, ...) and picks the last affine value that every path from z to the
+output passes through (a dominator in the dataflow graph). Everything after
+it is ``ℓ(η)``, re-run with η substituted. The elementwise structure
+(observation n depends on η_n only) is then checked numerically, so an
+unusual model falls back to Monte Carlo instead of getting a wrong answer.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jex_core
+
+from blrppl._types import Array
+
+_INLINE = ("pjit", "jit", "closed_call", "core_call")
+#: Linear in each argument: affine if every z-dependent input is affine.
+_LINEAR = {
+    "add", "sub", "neg", "convert_element_type", "reshape", "squeeze", "broadcast_in_dim",
+    "expand_dims", "transpose", "slice", "concatenate", "reduce_sum", "copy", "copy_p",
+    "rev", "pad", "add_any",
+}  # fmt: skip
+#: Linear in one z-dependent argument when the others are constants.
+_BILINEAR = {"mul", "dot_general"}
+#: Linear in the first argument only (the others must be constants).
+_FIRST_ONLY = {"div", "gather", "dynamic_slice"}
+
+
+class LinearPredictor(NamedTuple):
+    """η = A z + o and the per-observation log density as a function of η.
+
+    Attributes:
+      design: A, shape (n, D).
+      offset: o, shape (n,).
+      log_likelihood: ``eta (..., n) -> (..., n)``, elementwise in η.
+    """
+
+    design: Array
+    offset: Array
+    log_likelihood: Callable[[Array], Array]
+
+
+class _Flat:
+    """A jaxpr with calls inlined; values are integer ids, literals ("lit", value)."""
+
+    def __init__(self) -> None:
+        self.eqns: list[tuple[Any, dict, list, list]] = []
+        self.consts: dict[int, Any] = {}
+        self.avals: dict[int, Any] = {}
+        self.count = 0
+
+    def new(self, aval: Any) -> int:
+        self.count += 1
+        self.avals[self.count - 1] = aval
+        return self.count - 1
+
+    def add(self, jaxpr: Any, consts: Any, in_refs: list) -> list:
+        env: dict = {}
+
+        def ref(v: Any) -> Any:
+            if isinstance(v, jex_core.Literal):
+                return ("lit", v.val)
+            return env[v]
+
+        for v, c in zip(jaxpr.constvars, consts):
+            i = self.new(v.aval)
+            self.consts[i] = c
+            env[v] = i
+        for v, r in zip(jaxpr.invars, in_refs):
+            env[v] = r
+        for eqn in jaxpr.eqns:
+            ins = [ref(v) for v in eqn.invars]
+            if eqn.primitive.name in _INLINE:
+                inner = eqn.params["jaxpr"]
+                outs = self.add(inner.jaxpr, inner.consts, ins)
+            else:
+                outs = [self.new(v.aval) for v in eqn.outvars]
+                self.eqns.append((eqn.primitive, eqn.params, ins, outs))
+            for v, o in zip(eqn.outvars, outs):
+                env[v] = o
+        return [ref(v) for v in jaxpr.outvars]
+
+    def run(self, inputs: dict, outputs: list, override: Optional[dict] = None, stop: Optional[int] = None) -> list:
+        values = dict(self.consts)
+        values.update(inputs)
+
+        def read(r: Any) -> Any:
+            return r[1] if isinstance(r, tuple) else values[r]
+
+        for k, (prim, params, ins, outs) in enumerate(self.eqns):
+            if stop is not None and k > stop:
+                break
+            if override and outs[0] in override:
+                values[outs[0]] = override[outs[0]]
+                continue
+            result = prim.bind(*[read(r) for r in ins], **prim.get_bind_params(params))
+            for o, r in zip(outs, result if prim.multiple_results else [result]):
+                values[o] = r
+        return [read(r) for r in outputs]
+
+
+def _affine_flags(flat: _Flat, source: int) -> tuple[set, set]:
+    """The ids that depend on ``source`` and those among them affine in it."""
+    dependent, affine = {source}, {source}
+    for prim, params, ins, outs in flat.eqns:
+        deps = [isinstance(r, int) and r in dependent for r in ins]
+        if not any(deps):
+            continue
+        dependent.update(outs)
+        name = prim.name
+        all_affine = all(r in affine for r, d in zip(ins, deps) if d)
+        if name in _LINEAR:
+            ok = all_affine
+        elif name in _BILINEAR:
+            ok = sum(deps) == 1 and all_affine
+        elif name in _FIRST_ONLY:
+            ok = deps[0] and not any(deps[1:]) and ins[0] in affine
+        elif name == "select_n":
+            ok = not deps[0] and all_affine
+        elif name == "integer_pow":
+            ok = params.get("y") == 1 and all_affine
+        else:
+            ok = False
+        if ok:
+            affine.update(outs)
+    return dependent, affine
+
+
+def _dominators(flat: _Flat, source: int, outputs: list, dependent: set) -> list[tuple[int, int]]:
+    """(position, id) where ``id`` is the only live value depending on ``source``."""
+    last_use: dict[int, float] = {}
+    for k, (_, _, ins, _) in enumerate(flat.eqns):
+        for r in ins:
+            if isinstance(r, int):
+                last_use[r] = k
+    for r in outputs:
+        if isinstance(r, int):
+            last_use[r] = math.inf
+    live = {source} if last_use.get(source, -1) >= 0 else set()
+    found = []
+    for k, (_, _, _, outs) in enumerate(flat.eqns):
+        live.update(o for o in outs if o in dependent and last_use.get(o, -1) > k)
+        live = {r for r in live if last_use.get(r, -1) > k}
+        if len(live) == 1:
+            found.append((k, next(iter(live))))
+    return found
+
+
+def find_linear_predictor(fn: Callable[[Array], Array], z0: Array, *, rtol: float = 1e-6) -> Optional[LinearPredictor]:
+    """Split ``fn(z) = ℓ(A z + o)`` with ℓ elementwise, or return None.
+
+    Args:
+      fn: ``z -> per-observation log density``, a vector (n,) for z of shape
+        (D,). Its code is traced once (``jax.make_jaxpr``); data are
+        constants.
+      z0: a point in z's space (the example value) for the numerical checks.
+      rtol: tolerance of the elementwise and affinity checks.
+
+    Returns:
+      A :class:`LinearPredictor`, or None when no such η exists.
+    """
+    z0 = jnp.asarray(z0)
+    if z0.ndim != 1:
+        return None
+    closed = jax.make_jaxpr(fn)(z0)
+    flat = _Flat()
+    source = flat.new(closed.jaxpr.invars[0].aval)
+    (output,) = flat.add(closed.jaxpr, closed.consts, [source])
+    if not isinstance(output, int):
+        return None
+    num_obs = math.prod(flat.avals[output].shape)
+    dependent, affine = _affine_flags(flat, source)
+    candidates = [
+        (k, r)
+        for k, r in _dominators(flat, source, [output], dependent)
+        if r in affine and r != source and math.prod(flat.avals[r].shape) == num_obs
+        and jnp.issubdtype(flat.avals[r].dtype, jnp.floating)
+    ]
+    if not candidates:
+        return None
+    position, eta_id = candidates[-1]
+    eta_shape = flat.avals[eta_id].shape
+
+    def predictor(z: Array) -> Array:
+        (eta,) = flat.run({source: z}, [eta_id], stop=position)
+        return jnp.reshape(eta, (num_obs,))
+
+    def log_likelihood(eta: Array) -> Array:
+        def one(e: Array) -> Array:
+            (out,) = flat.run({source: z0}, [output], override={eta_id: jnp.reshape(e, eta_shape)})
+            return jnp.reshape(out, (num_obs,))
+
+        batch = eta.shape[:-1]
+        flat_eta = jnp.reshape(eta, (-1, num_obs))
+        return jnp.reshape(jax.vmap(one)(flat_eta), batch + (num_obs,))
+
+    design = jax.jacfwd(predictor)(z0)
+    offset = predictor(jnp.zeros_like(z0))
+    if not _checks_pass(fn, predictor, log_likelihood, design, offset, z0, rtol):
+        return None
+    return LinearPredictor(design, offset, log_likelihood)
+
+
+def _checks_pass(fn, predictor, log_likelihood, design, offset, z0, rtol) -> bool:
+    """Affinity of the predictor, η-substitution reproducing ``fn``, elementwise ℓ."""
+    rng = np.random.default_rng(0)
+    z1 = z0 + jnp.asarray(rng.normal(size=z0.shape), z0.dtype)
+    eta1 = predictor(z1)
+    if not np.allclose(eta1, design @ z1 + offset, rtol=rtol, atol=rtol):
+        return False
+    value = fn(z1)
+    if not np.allclose(log_likelihood(eta1), jnp.reshape(value, (-1,)), rtol=rtol, atol=rtol):
+        return False
+    tangent = jnp.asarray(rng.normal(size=eta1.shape), eta1.dtype)
+    diagonal = jax.jvp(log_likelihood, (eta1,), (jnp.ones_like(eta1),))[1]
+    directional = jax.jvp(log_likelihood, (eta1,), (tangent,))[1]
+    scale = jnp.max(jnp.abs(diagonal)) + 1.0
+    return bool(jnp.all(jnp.isfinite(directional))) and bool(
+        jnp.max(jnp.abs(directional - diagonal * tangent)) <= rtol * scale
+    )
