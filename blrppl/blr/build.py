@@ -56,6 +56,7 @@ def build_blr(
     schedule: str = "sequential",
     order: Optional[Sequence[str]] = None,
     m_step: Optional[Callable] = None,
+    average: bool = False,
 ) -> InferenceAlgorithm:
     """Build ``init`` and ``step`` for one model.
 
@@ -71,6 +72,10 @@ def build_blr(
       order: the sequential order (default: trace order).
       m_step: ``(rng_key, natural, params) -> params``, EM's maximisation of
         E_q[log p] over the point estimates, run after the q updates.
+      average: keep the polynomial-decay average of λ in ``state.average``
+        (weights ~ t^3, so the first half of a run carries 1/16 of the
+        weight): the noise of Monte Carlo site parameters averages out at
+        the rate of the steps rather than of ρ.
 
     Returns:
       The :class:`InferenceAlgorithm`.
@@ -88,7 +93,13 @@ def build_blr(
         sites: dict = {}
         if mode == "local":
             sites = _initial_sites(qs, estimators, natural)
-        return BLRState(natural=natural, site_params=sites, params=dict(init_params), step=jnp.zeros((), jnp.int32))
+        return BLRState(
+            natural=natural,
+            site_params=sites,
+            params=dict(init_params),
+            step=jnp.zeros((), jnp.int32),
+            average=natural if average else None,
+        )
 
     def update(rng_key, natural, sites, params, variables, r):
         mean = mean_params(qs, natural)
@@ -116,13 +127,32 @@ def build_blr(
                 natural, sites = update(jax.random.fold_in(update_key, i), natural, sites, params, (v,), r)
         if m_step is not None:
             params = m_step(m_key, natural, params)
-        new_state = BLRState(natural=natural, site_params=sites, params=params, step=t)
+        running = state.average
+        if average:
+            running = polynomial_average(running, natural, t)
+        new_state = BLRState(natural=natural, site_params=sites, params=params, step=t, average=running)
         return new_state, BLRInfo(elbo=elbo(elbo_key, new_state), rho=r)
 
     def elbo(rng_key: jax.Array, state: BLRState) -> jax.Array:
         return elbo_fn(rng_key, qs, estimators, state.natural, state.params)
 
     return InferenceAlgorithm(init=init, step=step, elbo=elbo)
+
+
+AVERAGE_POWER = 3.0
+
+
+def polynomial_average(running: Any, current: Any, t: jax.Array) -> Any:
+    """Polynomial-decay averaging (Shamir & Zhang 2013): weight (η + 1)/(t + η), η = 3."""
+    w = (AVERAGE_POWER + 1.0) / (t + AVERAGE_POWER)
+    return jax.tree.map(lambda a, x: (1.0 - w) * a + w * x, running, current)
+
+
+def averaged(state: BLRState) -> BLRState:
+    """The state with its averaged λ as q (unchanged without averaging)."""
+    if state.average is None:
+        return state
+    return state._replace(natural=state.average)
 
 
 def _initial_sites(qs, estimators, natural) -> dict:

@@ -19,12 +19,16 @@ class BLRState(NamedTuple):
         site's constrained space.
       step: int32 scalar, the number of steps taken; learning-rate schedules
         are called with ``step + 1`` (steps count from 1).
+      average: with iterate averaging (Monte Carlo estimators), the
+        polynomial-decay average of λ over the steps (Shamir & Zhang 2013),
+        which engines report as q at the end of a run; else None.
     """
 
     natural: dict
     site_params: dict
     params: dict
     step: jax.Array
+    average: Any = None
 
 
 class BLRInfo(NamedTuple):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, Optional, Sequence, Union
 
-from blrppl.blr.schedules import robbins_monro
 from blrppl.engines.base import Engine
 
 
@@ -22,8 +21,12 @@ class NonConjugateVI(Engine):
     a conjugate factor). Latents
     whose prior has no exponential-family q (HalfCauchy, LogNormal, ...) get a
     Gaussian on the unconstrained space of their support. Steps are damped by
-    ``learning_rate`` (default (t + 3)^-0.6) and kept in the natural parameter
-    space by the improved BLR of Lin, Schmidt & Khan (2020).
+    ``learning_rate`` (default 0.2: constant, with iterate averaging for Monte
+    Carlo; any schedule may be given) and kept in the natural parameter
+    space by the improved BLR of Lin, Schmidt & Khan (2020). With Monte Carlo
+    site parameters and ρ < 1, q at the end of a run is the polynomial-decay
+    average of the iterates (``average=None``: automatic; True/False force
+    it); ``result.elbo`` traces the iterates themselves.
     """
 
     def __init__(
@@ -32,13 +35,14 @@ class NonConjugateVI(Engine):
         *,
         estimator: Union[str, Mapping[str, str]] = "auto",
         num_samples: int = 16,
-        learning_rate: Union[float, Callable] = robbins_monro(4.0, 0.6),
+        learning_rate: Union[float, Callable] = 0.2,
         mode: str = "global",
         schedule: str = "sequential",
         families: Optional[dict] = None,
         blocks: Optional[Sequence[Sequence[str]]] = None,
         order: Optional[Sequence[str]] = None,
         init: Optional[dict] = None,
+        average: Optional[bool] = None,
     ):
         super().__init__(
             model,
@@ -51,6 +55,7 @@ class NonConjugateVI(Engine):
             blocks=blocks,
             order=order,
             init=init,
+            average=average,
         )
         if isinstance(estimator, Mapping):
             estimator = "auto"
