@@ -196,7 +196,7 @@ def predictor_moments(
     eta_mean = jnp.einsum("...nd,...d->...n", design, loc)
     if offset is not None:
         eta_mean = eta_mean + offset
-    eta_var = jnp.einsum("...nd,...de,...ne->...n", design, cov, design)
+    eta_var = jnp.sum(jnp.einsum("...nd,...de->...ne", design, cov) * design, axis=-1)
     return eta_mean, eta_var
 
 
@@ -271,10 +271,11 @@ def linear_predictor_quadrature(num_points: int) -> GaussianEstimator:
         def total(e: Array) -> Array:
             return jnp.sum(log_likelihood(observations, e))
 
-        grad = jax.grad(total)
-        first = grad(eta)  # ℓ'(η) elementwise
-        second = jax.jvp(grad, (eta,), (jnp.ones_like(eta),))[1]  # ℓ''(η) elementwise
-        values = jnp.broadcast_to(log_likelihood(observations, eta), eta.shape)
+        def value_and_slope(e: Array) -> tuple[Array, Array]:
+            return jnp.broadcast_to(log_likelihood(observations, e), e.shape), jax.grad(total)(e)
+
+        # One forward pass gives ℓ, ℓ' and (as the tangent of ℓ') ℓ'', elementwise.
+        (values, first), (_, second) = jax.jvp(value_and_slope, (eta,), (jnp.ones_like(eta),))
         w = jnp.asarray(weights, dtype)
         expected, d1, d2 = (
             jnp.tensordot(w, a, axes=1) for a in (values, first, second)

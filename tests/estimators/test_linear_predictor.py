@@ -56,7 +56,7 @@ def logistic_model(X, y=None):
 
 
 def test_glm_site_parameters_equal_tensor_quadrature(rng_key):
-    """Gauss-Hermite on each η_n (48 nodes) = 2-d tensor Gauss-Hermite on beta (80^2 nodes)."""
+    """Gauss-Hermite on each η_n (20 nodes) = 2-d tensor Gauss-Hermite on beta (80^2 nodes) to 1e-4."""
     engine = blrppl.NonConjugateVI(logistic_model, estimator="quadrature")
     plan = engine.plan(X, y=BINARY)
     est = {e.factor: e for e in plan.estimators}["y"]
@@ -66,9 +66,9 @@ def test_glm_site_parameters_equal_tensor_quadrature(rng_key):
     mean = MVNStats(x=m, xxT=cov + jnp.outer(m, m))
     value, grads = est.estimate(rng_key, {"beta": mean}, {})
     ref_value, ref = gauss_hermite(80, max_dim=2).estimate(None, mean, lambda z: jnp.sum(logistic(z)))
-    np.testing.assert_allclose(value, ref_value, rtol=1e-7)
-    np.testing.assert_allclose(grads["beta"].x, ref.x, rtol=1e-6, atol=1e-9)
-    np.testing.assert_allclose(grads["beta"].xxT, ref.xxT, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-5)
+    np.testing.assert_allclose(grads["beta"].x, ref.x, rtol=1e-4)
+    np.testing.assert_allclose(grads["beta"].xxT, ref.xxT, rtol=1e-4, atol=1e-4 * np.abs(ref.xxT).max())
 
 
 def test_auto_uses_the_predictor_and_converges_deterministically(rng_key):
