@@ -25,7 +25,7 @@ differentiable model code is fine.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -101,6 +101,31 @@ def nonconjugate_estimator(
             f"this one has {list(neighbours)}; use estimator='mc' or 'delta' for it."
         )
     log_density = factor_log_density(graph, factor, transforms, fixed, use_canonical=False)
+    expectation = expectation_over(factor, qs, neighbours, method, num_samples)
+
+    def estimate(rng_key, mean, params, batch=None):
+        if batch is not None:
+            raise ModelError(
+                f"site {factor!r}: minibatches of non-conjugate factors are not supported yet; "
+                "use SVI on conjugate models."
+            )
+        return expectation(rng_key, mean, lambda values: log_density(values, params))
+
+    return FactorEstimator(factor, neighbours, method, estimate)
+
+
+def expectation_over(
+    factor: str, qs: Mapping[str, Any], variables: Sequence[str], method: str, num_samples: int
+) -> Callable:
+    """``(rng_key, mean, log_f) -> (E_q[log_f], {v: ∇_μv E_q[log_f]})`` over ``variables``.
+
+    ``log_f`` maps a dict of values (q's space) of ``variables`` to a scalar.
+    Gaussian variables use ``method`` (Bonnet/Price, Eqs. 10-11); the others
+    reparameterised Monte Carlo through their mean parameters, the Gaussian
+    estimator running on ``log_f`` averaged over their draws.
+    """
+    gaussians = tuple(v for v in variables if qs[v].kind == GAUSSIAN)
+    others = tuple(v for v in variables if qs[v].kind != GAUSSIAN)
     if method == "delta":
         gaussian = delta()
     elif method == "mc":
@@ -111,7 +136,7 @@ def nonconjugate_estimator(
         raise ModelError(f"site {factor!r}: unknown estimator {method!r}; use 'delta', 'mc' or 'quadrature'.")
 
     def gaussian_estimate(rng_key, mean, log_f):
-        """Bonnet/Price site parameters of the Gaussian neighbours of ``log_f``."""
+        """Bonnet/Price site parameters of the Gaussian variables of ``log_f``."""
         if method == "quadrature":
             (v,) = gaussians
             value, grad = gaussian.estimate(rng_key, mean[v], lambda x: log_f({v: x}))
@@ -119,8 +144,8 @@ def nonconjugate_estimator(
         value, grads = gaussian.estimate(rng_key, {v: mean[v] for v in gaussians}, log_f)
         return value, dict(grads)
 
-    def others_estimate(rng_key, mean, params):
-        """Reparameterised MC through the mean parameters of the other neighbours."""
+    def others_estimate(rng_key, mean, log_f):
+        """Reparameterised MC through the mean parameters of the other variables."""
         gaussian_key, draw_key = jax.random.split(rng_key)
 
         def expected(other_mean):
@@ -130,7 +155,7 @@ def nonconjugate_estimator(
                 draws[v] = family.sample(key, family.natural_params(other_mean[v]), (num_samples,))
 
             def averaged(values):
-                return jnp.mean(jax.vmap(lambda drawn: log_density({**values, **drawn}, params))(draws))
+                return jnp.mean(jax.vmap(lambda drawn: log_f({**values, **drawn}))(draws))
 
             if not gaussians:
                 return averaged({}), {}
@@ -141,17 +166,12 @@ def nonconjugate_estimator(
         )
         return value, {**grads, **other_grads}
 
-    def estimate(rng_key, mean, params, batch=None):
-        if batch is not None:
-            raise ModelError(
-                f"site {factor!r}: minibatches of non-conjugate factors are not supported yet; "
-                "use SVI on conjugate models."
-            )
+    def estimate(rng_key, mean, log_f):
         if others:
-            return others_estimate(rng_key, mean, params)
-        return gaussian_estimate(rng_key, mean, lambda xs: log_density(xs, params))
+            return others_estimate(rng_key, mean, log_f)
+        return gaussian_estimate(rng_key, mean, log_f)
 
-    return FactorEstimator(factor, neighbours, method, estimate)
+    return estimate
 
 
 def _linear_predictor(graph, factor, qs, examples, transforms, fixed) -> Optional[LinearPredictor]:

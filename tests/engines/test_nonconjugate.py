@@ -16,9 +16,9 @@ def test_conjugate_factors_keep_exact_site_parameters():
     plan = blrppl.NonConjugateVI(entry.model).plan(*args, **kwargs)
     methods = {e.factor: e.method for e in plan.estimators}
     assert methods["mu_alpha"] == methods["beta"] == "exact"
-    # "auto": several Gaussian neighbours -> Monte Carlo; the prior of the one scalar
-    # (log-scale) sigma_y -> Gauss-Hermite.
-    assert methods["y"] == "mc" and methods["sigma_y"] == "quadrature"
+    # The likelihood is conjugate in alpha and beta, not in sigma_y (a Gaussian on log sigma_y):
+    # exact in the first two, Gauss-Hermite in the third; the prior of sigma_y -> Gauss-Hermite.
+    assert methods["y"] == "exact+quadrature" and methods["sigma_y"] == "quadrature"
     edges = plan.graph.factors["y"].edges
     assert edges["sigma_y"].conjugate is False and edges["alpha"].conjugate is True
 
@@ -129,7 +129,7 @@ def test_a_gamma_q_in_a_non_conjugate_factor_reaches_the_mean_field_optimum(rng_
     result = blrppl.NonConjugateVI(gamma_scale_model, num_samples=32).run(
         rng_key, 800, y=jnp.asarray(y), progress_bar=False
     )
-    assert result.estimators["y"] == "mc"
+    assert result.estimators["y"] == "exact+mc"  # exact in mu, MC through the Gamma in sigma
     assert result.plan.qs["sigma"].family.name == "Gamma"
     m, v, a, b = gamma_scale_optimum(y)
     q_mu, q_sigma = result.posterior["mu"], result.posterior["sigma"]
@@ -150,3 +150,29 @@ def test_discrete_q_in_a_non_conjugate_factor_is_refused_clearly(rng_key):
         assert "'z'" in str(error) and "reparameterised" in str(error)
     else:
         raise AssertionError("a Bernoulli q in a non-conjugate factor was accepted")
+
+
+def test_hybrid_site_parameters_are_exact_in_the_conjugate_neighbours(rng_key):
+    """y ~ N(z, s), s = exp(u), u ~ N(m, v): the site of z is the conjugate one with E[s^-2] = exp(-2m + 2v)."""
+    from blrppl.families.normal import NormalStats
+
+    def model(y=None):
+        z = numpyro.sample("z", dist.Normal(0.0, 3.0))
+        s = numpyro.sample("s", dist.HalfNormal(2.0))
+        with numpyro.plate("N", 4):
+            numpyro.sample("y", dist.Normal(z, s), obs=y)
+
+    y = jnp.array([0.3, -1.2, 2.0, 0.7])
+    plan = blrppl.NonConjugateVI(model).plan(y=y)
+    est = {e.factor: e for e in plan.estimators}["y"]
+    assert est.method == "exact+quadrature"
+    assert plan.graph.factors["y"].edges["z"].conjugate is True
+    assert plan.graph.factors["y"].edges["s"].conjugate is False
+    m, v, mz, vz = 0.2, 0.3, 0.5, 0.4
+    mean = {"z": NormalStats(x=jnp.array(mz), x_sq=jnp.array(vz + mz**2)), "s": NormalStats(x=jnp.array(m), x_sq=jnp.array(v + m**2))}
+    value, grads = est.estimate(rng_key, mean, {})
+    precision = np.exp(-2 * m + 2 * v)
+    np.testing.assert_allclose(grads["z"].x, precision * np.sum(y), rtol=1e-9)
+    np.testing.assert_allclose(grads["z"].x_sq, -0.5 * precision * len(y), rtol=1e-9)
+    expected = -len(y) * (0.5 * np.log(2 * np.pi) + m) - 0.5 * precision * np.sum((y - mz) ** 2 + vz)
+    np.testing.assert_allclose(value, expected, rtol=1e-9)

@@ -1,0 +1,119 @@
+"""Hybrid factors: exact in their conjugate neighbours, estimated in the others.
+
+A factor such as ``y ~ Normal(alpha[county] + beta * x, sigma)`` with
+``sigma ~ HalfNormal`` is conjugate in ``alpha`` and ``beta`` but not in
+``sigma`` (whose q is a Gaussian on log sigma). Conditionally on a value s of
+the non-conjugate neighbours U, the expected log factor over the conjugate
+ones C is still a symbolic polynomial in C's mean parameters and in simple
+statistics of s (s^-2, log s, ...), so
+
+    E_q[log f] = E_{q(U)}[ F(μ_C, s(u)) ],     F from the symbolic analysis,
+
+and the site parameters are ∇_{μ_C} of that (exact in C, the outer
+expectation by quadrature or Monte Carlo) and Bonnet/Price in U (Khan & Rue,
+Eqs. 10-11), e.g. Gauss-Hermite on a scalar log-scale: deterministic, with
+no sampling at all. Only the edges that are not conjugate are estimated.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import jax
+
+from blrppl.errors import ModelError
+from blrppl.estimators.base import FactorEstimator, factor_log_density, owner
+from blrppl.estimators.nonconjugate import expectation_over
+from blrppl.families import MULTIVARIATE_NORMAL
+from blrppl.graph.nodes import FactorGraph
+from blrppl.symbolic.analysis import analyse
+from blrppl.symbolic.canonical import Unsupported
+from blrppl.symbolic.expectation import GAUSSIAN, POINT, VarInfo, expected_value, point_stats, stats_needed
+from blrppl.symbolic.terms import NonConjugate
+
+
+def hybrid_estimator(
+    graph: FactorGraph,
+    factor: str,
+    qs: Mapping[str, Any],
+    examples: Mapping[str, Any],
+    param_examples: Mapping[str, Any],
+    uncertain: Sequence[str],
+    method: str,
+    num_samples: int,
+) -> FactorEstimator:
+    """Build the estimator, or raise :class:`NonConjugate` when no split works.
+
+    Args:
+      uncertain: the neighbours whose edges are not conjugate (U); the
+        others (C) must become conjugate once U is held at a value.
+      method: for U, as in :func:`~blrppl.estimators.nonconjugate.expectation_over`;
+        ``"auto"`` is Gauss-Hermite for one scalar (or d <= 2) Gaussian U, else
+        Monte Carlo.
+    """
+    node = graph.factors[factor]
+    uncertain = tuple(uncertain)
+    conjugate = tuple(v for v in node.neighbours if v not in uncertain)
+    if not conjugate or not uncertain:
+        raise NonConjugate(None, "no conjugate neighbour to keep exact")
+    own = owner(graph, factor)
+    for v in node.neighbours:
+        if (v == own and (v in uncertain or qs[v].transform is not None)) or hasattr(qs[v].transform, "sites"):
+            raise NonConjugate(v, "the prior of a transformed variable, or a joint block")
+    points = tuple(p for p in node.param_neighbours if p in param_examples)
+    transforms = {v: q.transform for v, q in qs.items() if q.transform is not None and v not in uncertain}
+    fixed = {k: x for k, x in examples.items() if k not in node.neighbours}
+    log_factor = factor_log_density(graph, factor, transforms, fixed)
+    held = {u: _constrain(qs[u], examples[u]) for u in uncertain}
+    infos = {v: qs[v].info for v in conjugate}
+    infos.update({u: VarInfo(POINT, tuple(jax.numpy.shape(held[u])), 0) for u in uncertain})
+    infos.update({p: VarInfo(POINT, tuple(jax.numpy.shape(param_examples[p])), 0) for p in points})
+
+    def symbolic(values):
+        return log_factor({k: values[k] for k in conjugate + uncertain}, {p: values[p] for p in points})
+
+    example_values = {**{v: examples[v] for v in conjugate}, **held, **{p: param_examples[p] for p in points}}
+    try:
+        terms = analyse(symbolic, example_values, infos)
+    except Unsupported as error:
+        raise NonConjugate(uncertain[0], str(error)) from None
+    needed = {p: stats_needed(terms.terms, p) for p in points + uncertain}
+    if method == "auto":
+        method = _auto(qs, uncertain)
+    expectation = expectation_over(factor, qs, uncertain, method, num_samples)
+
+    def estimate(rng_key, mean, params, batch=None):
+        if batch is not None:
+            raise ModelError(
+                f"site {factor!r}: minibatches of non-conjugate factors are not supported yet; "
+                "use SVI on conjugate models."
+            )
+        point_layout = {p: point_stats(params[p], needed[p]) for p in points}
+
+        def conditional(layout):
+            def log_f(values):
+                held = {u: point_stats(_constrain(qs[u], values[u]), needed[u]) for u in uncertain}
+                return expected_value(terms, {**layout, **point_layout, **held}, None)
+
+            return expectation(rng_key, mean, log_f)
+
+        layout = {v: qs[v].to_value_layout(mean[v]) for v in conjugate}
+        (value, uncertain_grads), grads = jax.value_and_grad(conditional, has_aux=True)(layout)
+        return value, {**uncertain_grads, **{v: qs[v].from_value_layout(grads[v]) for v in conjugate}}
+
+    return FactorEstimator(factor, tuple(node.neighbours), f"exact+{method}", estimate, terms)
+
+
+def _constrain(q: Any, value: Any) -> Any:
+    return value if q.transform is None else q.transform(value)
+
+
+def _auto(qs: Mapping[str, Any], uncertain: Sequence[str]) -> str:
+    """Gauss-Hermite for one small Gaussian, Monte Carlo otherwise."""
+    if len(uncertain) != 1 or qs[uncertain[0]].kind != GAUSSIAN:
+        return "mc"
+    q = qs[uncertain[0]]
+    if q.family is MULTIVARIATE_NORMAL:
+        return "quadrature" if not q.num_batch and math.prod(q.block_shape) <= 2 else "mc"
+    return "quadrature" if math.prod(q.shape) == 1 else "mc"
