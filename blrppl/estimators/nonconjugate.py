@@ -37,9 +37,9 @@ from blrppl.estimators.delta import delta
 from blrppl.estimators.monte_carlo import monte_carlo
 from blrppl.estimators.linear_predictor import LinearPredictor, find_linear_predictor
 from blrppl.estimators.quadrature import gauss_hermite, linear_predictor_quadrature
-from blrppl.families import MULTIVARIATE_NORMAL
+from blrppl.families import MULTIVARIATE_NORMAL, SCALAR_CHAIN_GAUSSIAN, MVNStats, NormalStats
 from blrppl.graph.nodes import FactorGraph
-from blrppl.symbolic.expectation import GAUSSIAN
+from blrppl.symbolic.expectation import CHAIN, GAUSSIAN
 
 QUADRATURE_POINTS = 10
 #: Nodes per linear predictor: one-dimensional, so many are cheap (softplus-type
@@ -75,8 +75,8 @@ def nonconjugate_estimator(
     """
     node = graph.factors[factor]
     neighbours = tuple(node.neighbours)
-    gaussians = tuple(v for v in neighbours if qs[v].kind == GAUSSIAN)
-    others = tuple(v for v in neighbours if qs[v].kind != GAUSSIAN)
+    gaussians = tuple(v for v in neighbours if qs[v].kind in (GAUSSIAN, CHAIN))
+    others = tuple(v for v in neighbours if v not in gaussians)
     for v in others:
         if qs[v].kind not in REPARAMETERISED:
             raise ModelError(
@@ -101,6 +101,14 @@ def nonconjugate_estimator(
             f"this one has {list(neighbours)}; use estimator='mc' or 'delta' for it."
         )
     log_density = factor_log_density(graph, factor, transforms, fixed, use_canonical=False)
+    for v in neighbours:
+        if qs[v].kind == CHAIN and not _separable_in_time(log_density, examples, neighbours, v):
+            raise ModelError(
+                f"site {factor!r}: the factor is not conjugate in the chain {v!r} ({reason}) and couples "
+                "its time steps; non-conjugate site parameters of a chain are available for factors "
+                "that touch each time step separately (observation factors). Keep the transitions "
+                "linear-Gaussian."
+            )
     expectation = expectation_over(factor, qs, neighbours, method, num_samples)
 
     def estimate(rng_key, mean, params, batch=None):
@@ -124,8 +132,8 @@ def expectation_over(
     reparameterised Monte Carlo through their mean parameters, the Gaussian
     estimator running on ``log_f`` averaged over their draws.
     """
-    gaussians = tuple(v for v in variables if qs[v].kind == GAUSSIAN)
-    others = tuple(v for v in variables if qs[v].kind != GAUSSIAN)
+    gaussians = tuple(v for v in variables if qs[v].kind in (GAUSSIAN, CHAIN))
+    others = tuple(v for v in variables if v not in gaussians)
     if method == "delta":
         gaussian = delta()
     elif method == "mc":
@@ -137,12 +145,14 @@ def expectation_over(
 
     def gaussian_estimate(rng_key, mean, log_f):
         """Bonnet/Price site parameters of the Gaussian variables of ``log_f``."""
+        marginal = {v: _marginals(qs[v], mean[v]) for v in gaussians}
         if method == "quadrature":
             (v,) = gaussians
-            value, grad = gaussian.estimate(rng_key, mean[v], lambda x: log_f({v: x}))
-            return value, {v: grad}
-        value, grads = gaussian.estimate(rng_key, {v: mean[v] for v in gaussians}, log_f)
-        return value, dict(grads)
+            value, grad = gaussian.estimate(rng_key, marginal[v], lambda x: log_f({v: x}))
+            grads = {v: grad}
+        else:
+            value, grads = gaussian.estimate(rng_key, marginal, log_f)
+        return value, {v: _from_marginals(qs[v], mean[v], g) for v, g in dict(grads).items()}
 
     def others_estimate(rng_key, mean, log_f):
         """Reparameterised MC through the mean parameters of the other variables."""
@@ -172,6 +182,40 @@ def expectation_over(
         return gaussian_estimate(rng_key, mean, log_f)
 
     return estimate
+
+
+def _marginals(q: Any, mean: Any) -> Any:
+    """A chain Gaussian's per-time marginals as independent Gaussian blocks (else ``mean``)."""
+    if q.kind != CHAIN:
+        return mean
+    if q.family is SCALAR_CHAIN_GAUSSIAN or jnp.ndim(mean.xx) == jnp.ndim(mean.x):
+        return NormalStats(x=mean.x, x_sq=mean.xx)
+    return MVNStats(x=mean.x, xxT=mean.xx)
+
+
+def _from_marginals(q: Any, mean: Any, grad: Any) -> Any:
+    """Per-time site parameters back in the chain's layout (no lag-one part)."""
+    if q.kind != CHAIN:
+        return grad
+    xx = grad.x_sq if isinstance(grad, NormalStats) else grad.xxT
+    return type(mean)(x=grad.x, xx=xx, x_next=jnp.zeros_like(mean.x_next))
+
+
+def _separable_in_time(log_density, examples, neighbours, v, num_masks: int = 3) -> bool:
+    """Whether log f's Hessian in the chain ``v`` is block diagonal over time (random masks)."""
+    x0 = jnp.asarray(examples[v], dtype=float)
+    rest = {k: examples[k] for k in neighbours if k != v}
+    grad = jax.grad(lambda x: log_density({**rest, v: x}, {}))
+    rng = np.random.default_rng(0)
+    for _ in range(num_masks):
+        keep = rng.random(x0.shape[0]) < 0.5
+        mask = jnp.asarray(keep.reshape((-1,) + (1,) * (x0.ndim - 1)), x0.dtype)
+        probe = jnp.asarray(rng.normal(size=x0.shape), x0.dtype) * mask
+        response = jax.jvp(grad, (x0,), (probe,))[1]
+        leak = jnp.max(jnp.abs(response * (1.0 - mask)))
+        if not bool(leak <= 1e-8 * (1.0 + jnp.max(jnp.abs(response)))):
+            return False
+    return True
 
 
 def _linear_predictor(graph, factor, qs, examples, transforms, fixed) -> Optional[LinearPredictor]:
@@ -221,6 +265,8 @@ def _auto_method(graph, factor, qs, examples, transforms, fixed, gaussians, othe
         return "mc"
     (v,) = gaussians
     q = qs[v]
+    if q.kind == CHAIN:  # separable over time (checked): one small Gaussian per step
+        return "quadrature" if math.prod(q.shape[1:]) <= 2 else "mc"
     if q.family is MULTIVARIATE_NORMAL:
         return "quadrature" if not q.num_batch and math.prod(q.block_shape) <= 2 else "mc"
     log_density = factor_log_density(graph, factor, transforms, fixed, use_canonical=False)
