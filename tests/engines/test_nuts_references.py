@@ -130,3 +130,26 @@ def test_mixed_model_keeps_exact_site_parameters_where_conjugate(rng_key):
     assert result.graph.factors["theta"].edges["tau"].conjugate is True
     assert result.plan.qs["tau"].family.name == "Gamma"
     assert np.all(np.isfinite(result.elbo))
+
+
+def test_laplace_equals_numpyro_autolaplace_where_numpyro_reaches_the_map(rng_key):
+    """Poisson regression (D = 3): NumPyro's AutoLaplaceApproximation, fit by SVI to a tiny gradient."""
+    import optax
+    from jax.flatten_util import ravel_pytree
+    from numpyro.infer import SVI, Trace_ELBO
+    from numpyro.infer.autoguide import AutoLaplaceApproximation
+    from numpyro.infer.util import potential_energy
+
+    entry = ZOO["poisson_regression"]
+    args, kwargs = entry.data()
+    guide = AutoLaplaceApproximation(entry.model)
+    svi = SVI(entry.model, guide, optax.adam(0.02), Trace_ELBO())
+    fit = svi.run(jax.random.key(1), 4000, *args, progress_bar=False, **kwargs)
+    posterior = guide.get_posterior(fit.params)
+    flat, unravel = ravel_pytree({"beta": posterior.loc})
+    grad = jax.grad(lambda x: potential_energy(entry.model, args, kwargs, unravel(x)))(flat)
+    assert np.max(np.abs(grad)) < 1e-6  # NumPyro reached the MAP here
+    result = blrppl.Laplace(entry.model).run(rng_key, 50, *args, progress_bar=False, tol=1e-12, **kwargs)
+    q = result.posterior["beta"]
+    np.testing.assert_allclose(q.mean, posterior.loc, atol=1e-6)
+    np.testing.assert_allclose(q.covariance_matrix, posterior.covariance_matrix, rtol=1e-5, atol=1e-9)
