@@ -4,6 +4,7 @@ import json
 
 import jax
 import numpy as np
+import pytest
 
 import blrppl
 from models import ZOO
@@ -53,3 +54,41 @@ def test_vmp_in_float32_is_finite_and_close_to_float64():
         assert got["finite"], name
         assert got["dtypes"] == ["float32"], (name, got["dtypes"])
         np.testing.assert_allclose(got["elbo"], float(reference.elbo[-1]), rtol=1e-4, err_msg=name)
+
+
+NONCONJUGATE_SCRIPT = """
+import json, jax, numpy as np
+import blrppl
+from models import ZOO
+out = {}
+for name, kw in [("logistic_regression", {}), ("eight_schools_centered", {}), ("poisson_regression", {}),
+                 ("eight_schools_noncentered", {"blocks": [("mu", "tau", "theta_raw")]})]:
+    entry = ZOO[name]
+    args, kwargs = entry.data()
+    result = blrppl.NonConjugateVI(entry.model, **kw).run(jax.random.key(0), 400, *args, progress_bar=False, **kwargs)
+    leaves = jax.tree.leaves(result.natural_params)
+    means = {k: np.asarray(d.mean, np.float64).ravel().tolist() for k, d in result.posterior.items()}
+    out[name] = {
+        "means": means,
+        "finite": bool(all(np.all(np.isfinite(np.asarray(x))) for x in leaves)),
+        "dtypes": sorted({str(x.dtype) for x in leaves}),
+    }
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_nonconjugate_vi_in_float32_is_finite_and_close_to_float64():
+    """GLM quadrature, hybrid factors and Monte Carlo blocks stay stable in float32."""
+    out = json.loads(run_in_float32(NONCONJUGATE_SCRIPT).strip().splitlines()[-1])
+    for name, got in out.items():
+        entry = ZOO[name]
+        args, kwargs = entry.data()
+        kw = {"blocks": [("mu", "tau", "theta_raw")]} if name == "eight_schools_noncentered" else {}
+        reference = blrppl.NonConjugateVI(entry.model, **kw).run(jax.random.key(0), 400, *args, progress_bar=False, **kwargs)
+        assert got["finite"] and got["dtypes"] == ["float32"], (name, got["dtypes"])
+        for site, dist_ in reference.posterior.items():
+            sd = np.sqrt(np.asarray(dist_.variance, np.float64)).ravel()
+            # Deterministic fits agree to float32 rounding; Monte Carlo blocks to their noise.
+            tol = 0.15 if "blocks" in kw else 1e-3
+            assert np.all(np.abs(np.asarray(got["means"][site]) - np.asarray(dist_.mean).ravel()) <= tol * sd), (name, site)
