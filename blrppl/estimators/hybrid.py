@@ -18,18 +18,25 @@ no sampling at all. Only the edges that are not conjugate are estimated.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 
-from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, factor_log_density, owner
-from blrppl.estimators.nonconjugate import expectation_over
+from blrppl.estimators.nonconjugate import expectation_over, refuse_minibatch
 from blrppl.families import MULTIVARIATE_NORMAL
 from blrppl.graph.nodes import FactorGraph
 from blrppl.symbolic.analysis import analyse
 from blrppl.symbolic.canonical import Unsupported
-from blrppl.symbolic.expectation import GAUSSIAN, POINT, VarInfo, expected_value, point_stats, stats_needed
+from blrppl.symbolic.expectation import (
+    GAUSSIAN,
+    POINT,
+    VarInfo,
+    expected_value,
+    point_stats,
+    stats_needed,
+)
 from blrppl.symbolic.terms import NonConjugate
 
 
@@ -84,11 +91,7 @@ def hybrid_estimator(
     expectation = expectation_over(factor, qs, uncertain, method, num_samples)
 
     def estimate(rng_key, mean, params, batch=None):
-        if batch is not None:
-            raise ModelError(
-                f"site {factor!r}: minibatches of non-conjugate factors are not supported yet; "
-                "use SVI on conjugate models."
-            )
+        refuse_minibatch(factor, batch)
         point_layout = {p: point_stats(params[p], needed[p]) for p in points}
 
         def conditional(layout):

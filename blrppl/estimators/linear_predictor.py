@@ -21,7 +21,8 @@ unusual model falls back to Monte Carlo instead of getting a wrong answer.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -97,7 +98,7 @@ class _Flat:
                 env[v] = o
         return [ref(v) for v in jaxpr.outvars]
 
-    def run(self, inputs: dict, outputs: list, override: Optional[dict] = None, stop: Optional[int] = None) -> list:
+    def run(self, inputs: dict, outputs: list, override: dict | None = None, stop: int | None = None) -> list:
         values = dict(self.consts)
         values.update(inputs)
 
@@ -163,7 +164,7 @@ def _dominators(flat: _Flat, source: int, outputs: list, dependent: set) -> list
     return found
 
 
-def find_linear_predictor(fn: Callable[[Array], Array], z0: Array, *, rtol: float = 1e-6) -> Optional[LinearPredictor]:
+def find_linear_predictor(fn: Callable[[Array], Array], z0: Array, *, rtol: float = 1e-6) -> LinearPredictor | None:
     """Split ``fn(z) = ℓ(A z + o)`` with ℓ elementwise, or return None.
 
     Args:

@@ -25,7 +25,8 @@ differentiable model code is fine.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Optional, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -34,10 +35,15 @@ import numpy as np
 from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, factor_log_density, owner
 from blrppl.estimators.delta import delta
-from blrppl.estimators.monte_carlo import monte_carlo
 from blrppl.estimators.linear_predictor import LinearPredictor, find_linear_predictor
+from blrppl.estimators.monte_carlo import monte_carlo
 from blrppl.estimators.quadrature import gauss_hermite, linear_predictor_quadrature
-from blrppl.families import MULTIVARIATE_NORMAL, SCALAR_CHAIN_GAUSSIAN, MVNStats, NormalStats
+from blrppl.families import (
+    MULTIVARIATE_NORMAL,
+    SCALAR_CHAIN_GAUSSIAN,
+    MVNStats,
+    NormalStats,
+)
 from blrppl.graph.nodes import FactorGraph
 from blrppl.symbolic.expectation import CHAIN, GAUSSIAN
 
@@ -112,14 +118,19 @@ def nonconjugate_estimator(
     expectation = expectation_over(factor, qs, neighbours, method, num_samples)
 
     def estimate(rng_key, mean, params, batch=None):
-        if batch is not None:
-            raise ModelError(
-                f"site {factor!r}: minibatches of non-conjugate factors are not supported yet; "
-                "use SVI on conjugate models."
-            )
+        refuse_minibatch(factor, batch)
         return expectation(rng_key, mean, lambda values: log_density(values, params))
 
     return FactorEstimator(factor, neighbours, method, estimate)
+
+
+def refuse_minibatch(factor: str, batch: Any) -> None:
+    """Estimated site parameters read all observations: no ``batch`` (SVI) yet."""
+    if batch is not None:
+        raise ModelError(
+            f"site {factor!r}: minibatches of non-conjugate factors are not supported yet; "
+            "use SVI on conjugate models."
+        )
 
 
 def expectation_over(
@@ -218,7 +229,7 @@ def _separable_in_time(log_density, examples, neighbours, v, num_masks: int = 3)
     return True
 
 
-def _linear_predictor(graph, factor, qs, examples, transforms, fixed) -> Optional[LinearPredictor]:
+def _linear_predictor(graph, factor, qs, examples, transforms, fixed) -> LinearPredictor | None:
     """A GLM structure η = A z + o of the factor in its one full Gaussian block, if any."""
     node = graph.factors[factor]
     (v,) = node.neighbours
@@ -235,11 +246,7 @@ def _predictor_estimator(factor: str, v: str, predictor: LinearPredictor) -> Fac
 
     def estimate(rng_key, mean, params, batch=None):
         del params
-        if batch is not None:
-            raise ModelError(
-                f"site {factor!r}: minibatches of non-conjugate factors are not supported yet; "
-                "use SVI on conjugate models."
-            )
+        refuse_minibatch(factor, batch)
         value, grad, _ = quadrature.estimate(
             rng_key,
             mean[v],
