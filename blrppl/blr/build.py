@@ -57,6 +57,7 @@ def build_blr(
     order: Optional[Sequence[str]] = None,
     m_step: Optional[Callable] = None,
     average: bool = False,
+    guard: bool = False,
 ) -> InferenceAlgorithm:
     """Build ``init`` and ``step`` for one model.
 
@@ -76,6 +77,11 @@ def build_blr(
         (weights ~ t^3, so the first half of a run carries 1/16 of the
         weight): the noise of Monte Carlo site parameters averages out at
         the rate of the steps rather than of ρ.
+      guard: with deterministic estimated site parameters (quadrature,
+        delta), retry a step with ρ/2, ρ/4, ... when the ELBO would drop by more
+        than ``GUARD_SLACK`` (relative, plus 1 nat): a Newton-type step where
+        log f is not concave can overshoot by orders of magnitude. The ELBO
+        of the last step is kept in ``state.elbo``.
 
     Returns:
       The :class:`InferenceAlgorithm`.
@@ -93,13 +99,16 @@ def build_blr(
         sites: dict = {}
         if mode == "local":
             sites = _initial_sites(qs, estimators, natural)
-        return BLRState(
+        state = BLRState(
             natural=natural,
             site_params=sites,
             params=dict(init_params),
             step=jnp.zeros((), jnp.int32),
             average=natural if average else None,
         )
+        if guard:
+            state = state._replace(elbo=elbo(rng_key, state))
+        return state
 
     def update(rng_key, natural, sites, params, variables, r):
         mean = mean_params(qs, natural)
@@ -115,9 +124,8 @@ def build_blr(
                     sites[f][v] = site
         return natural, sites
 
-    def step(rng_key: jax.Array, state: BLRState) -> tuple[BLRState, BLRInfo]:
+    def attempt(rng_key: jax.Array, state: BLRState, r: jax.Array) -> tuple[BLRState, jax.Array]:
         t = state.step + 1
-        r = jnp.asarray(rho(t), dtype=jnp.result_type(float))
         update_key, m_key, elbo_key = jax.random.split(rng_key, 3)
         natural, sites, params = state.natural, state.site_params, state.params
         if schedule == "parallel":
@@ -130,8 +138,29 @@ def build_blr(
         running = state.average
         if average:
             running = polynomial_average(running, natural, t)
-        new_state = BLRState(natural=natural, site_params=sites, params=params, step=t, average=running)
-        return new_state, BLRInfo(elbo=elbo(elbo_key, new_state), rho=r)
+        new_state = BLRState(natural=natural, site_params=sites, params=params, step=t, average=running, elbo=state.elbo)
+        value = elbo(elbo_key, new_state)
+        return new_state._replace(elbo=value if guard else None), value
+
+    def step(rng_key: jax.Array, state: BLRState) -> tuple[BLRState, BLRInfo]:
+        r = jnp.asarray(rho(state.step + 1), dtype=jnp.result_type(float))
+        new_state, value = attempt(rng_key, state, r)
+        if guard and state.elbo is not None:
+            # A step whose (exact) ELBO collapses is retried with ρ/2, ρ/4, ...
+            def collapsed(value):
+                drop = state.elbo - value
+                return ~jnp.isfinite(value) | (drop > GUARD_SLACK * (1.0 + jnp.abs(state.elbo)))
+
+            def retry(carry):
+                k, _, _, _ = carry
+                r_k = r * 0.5**k
+                candidate, v = attempt(rng_key, state, r_k)
+                return k + 1, candidate, v, r_k
+
+            _, new_state, value, r = jax.lax.while_loop(
+                lambda c: (c[0] <= MAX_GUARD_HALVINGS) & collapsed(c[2]), retry, (jnp.ones((), jnp.int32), new_state, value, r)
+            )
+        return new_state, BLRInfo(elbo=value, rho=r)
 
     def elbo(rng_key: jax.Array, state: BLRState) -> jax.Array:
         return elbo_fn(rng_key, qs, estimators, state.natural, state.params)
@@ -140,6 +169,8 @@ def build_blr(
 
 
 AVERAGE_POWER = 3.0
+GUARD_SLACK = 1e-3
+MAX_GUARD_HALVINGS = 12
 
 
 def polynomial_average(running: Any, current: Any, t: jax.Array) -> Any:

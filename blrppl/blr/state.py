@@ -22,6 +22,8 @@ class BLRState(NamedTuple):
       average: with iterate averaging (Monte Carlo estimators), the
         polynomial-decay average of λ over the steps (Shamir & Zhang 2013),
         which engines report as q at the end of a run; else None.
+      elbo: with the ELBO guard (deterministic estimators), the ELBO of q
+        after the last step; else None.
     """
 
     natural: dict
@@ -29,6 +31,7 @@ class BLRState(NamedTuple):
     params: dict
     step: jax.Array
     average: Any = None
+    elbo: Any = None
 
 
 class BLRInfo(NamedTuple):
