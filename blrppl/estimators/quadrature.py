@@ -219,6 +219,33 @@ def predictor_to_block(
     )
 
 
+def predictor_expectations(
+    log_likelihood: Callable[[Array], Array],
+    eta_mean: Array,
+    eta_var: Array,
+    nodes: np.ndarray,
+    weights: np.ndarray,
+) -> tuple[Array, Array, Array]:
+    """E[ℓ(η_n)], E[ℓ'(η_n)], E[ℓ''(η_n)] for η_n ~ N(mean_n, var_n), elementwise ℓ.
+
+    ``nodes``/``weights`` from :func:`hermite_rule` (one dimension). One
+    forward pass gives ℓ, ℓ' and (as the tangent of ℓ') ℓ''.
+    """
+    dtype = eta_mean.dtype
+    t = jnp.asarray(nodes[:, 0], dtype).reshape((-1,) + (1,) * eta_mean.ndim)
+    eta = eta_mean + jnp.sqrt(eta_var) * t  # (K, ..., N)
+
+    def total(e: Array) -> Array:
+        return jnp.sum(log_likelihood(e))
+
+    def value_and_slope(e: Array) -> tuple[Array, Array]:
+        return jnp.broadcast_to(log_likelihood(e), e.shape), jax.grad(total)(e)
+
+    (values, first), (_, second) = jax.jvp(value_and_slope, (eta,), (jnp.ones_like(eta),))
+    w = jnp.asarray(weights, dtype)
+    return tuple(jnp.tensordot(w, a, axes=1) for a in (values, first, second))
+
+
 def linear_predictor_quadrature(num_points: int) -> GaussianEstimator:
     """Build the GLM estimator: Gauss-Hermite on each linear predictor (Khan & Lin 2017).
 
@@ -264,21 +291,8 @@ def linear_predictor_quadrature(num_points: int) -> GaussianEstimator:
         design = jnp.asarray(design, jnp.result_type(mean.x))
         _check_design(mean, design, offset, observations)
         eta_mean, eta_var = predictor_moments(mean, design, offset)
-        dtype = eta_mean.dtype
-        t = jnp.asarray(nodes[:, 0], dtype).reshape((-1,) + (1,) * eta_mean.ndim)
-        eta = eta_mean + jnp.sqrt(eta_var) * t  # (K, ..., N)
-
-        def total(e: Array) -> Array:
-            return jnp.sum(log_likelihood(observations, e))
-
-        def value_and_slope(e: Array) -> tuple[Array, Array]:
-            return jnp.broadcast_to(log_likelihood(observations, e), e.shape), jax.grad(total)(e)
-
-        # One forward pass gives ℓ, ℓ' and (as the tangent of ℓ') ℓ'', elementwise.
-        (values, first), (_, second) = jax.jvp(value_and_slope, (eta,), (jnp.ones_like(eta),))
-        w = jnp.asarray(weights, dtype)
-        expected, d1, d2 = (
-            jnp.tensordot(w, a, axes=1) for a in (values, first, second)
+        expected, d1, d2 = predictor_expectations(
+            lambda e: log_likelihood(observations, e), eta_mean, eta_var, nodes, weights
         )
         fitted = eta_mean if offset is None else eta_mean - offset  # X m
         nat_grad = MVNStats(

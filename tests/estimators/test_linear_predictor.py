@@ -78,3 +78,36 @@ def test_auto_uses_the_predictor_and_converges_deterministically(rng_key):
     assert result.estimators == {"beta": "exact", "y": "quadrature"}
     # Deterministic site parameters: the ELBO settles to many digits.
     np.testing.assert_allclose(result.elbo[-1], result.elbo[-2], rtol=1e-10)
+
+
+def varying_intercepts(group, x, y=None):
+    beta = numpyro.sample("beta", dist.Normal(0.0, 1.0))
+    with numpyro.plate("G", 3):
+        a = numpyro.sample("a", dist.Normal(0.0, 1.0))
+    with numpyro.plate("N", x.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(logits=a[group] + beta * x), obs=y)
+
+
+def test_several_mean_field_neighbours_share_one_predictor(rng_key):
+    """η = a[group] + beta x over two q blocks: quadrature = Monte Carlo (200k draws) within its noise."""
+    from blrppl.estimators.monte_carlo import monte_carlo
+    from blrppl.families.normal import NormalStats
+
+    group = jnp.asarray(np.arange(40) % 3)
+    plan = blrppl.NonConjugateVI(varying_intercepts).plan(group, X[:, 0], y=BINARY)
+    est = {e.factor: e for e in plan.estimators}["y"]
+    assert est.method == "quadrature" and set(est.neighbours) == {"a", "beta"}
+    mean = {
+        "a": NormalStats(x=jnp.array([0.3, -0.2, 0.5]), x_sq=jnp.array([0.3, -0.2, 0.5]) ** 2 + jnp.array([0.2, 0.4, 0.3])),
+        "beta": NormalStats(x=jnp.array(0.7), x_sq=jnp.array(0.7**2 + 0.25)),
+    }
+    value, grads = est.estimate(rng_key, mean, {})
+
+    def log_f(xs):
+        return jnp.sum(dist.Bernoulli(logits=xs["a"][group] + xs["beta"] * X[:, 0]).log_prob(BINARY))
+
+    ref_value, ref = monte_carlo(200_000, hessian="reparam", separable=False).estimate(jax.random.key(3), mean, log_f)
+    np.testing.assert_allclose(value, ref_value, rtol=2e-3)
+    for v in ("a", "beta"):
+        np.testing.assert_allclose(grads[v].x, ref[v].x, rtol=3e-2, atol=3e-2)
+        np.testing.assert_allclose(grads[v].x_sq, ref[v].x_sq, rtol=3e-2, atol=3e-2)
