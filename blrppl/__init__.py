@@ -14,6 +14,7 @@ from blrppl import blr
 from blrppl.errors import ModelError
 from blrppl.graph import FactorGraph, trace
 from blrppl.results import BLRResult
+from blrppl.saving import load
 
 __version__ = "0.1.0"
 
@@ -29,5 +30,6 @@ __all__ = [
     "SVI",
     "VMP",
     "__version__",
+    "load",
     "trace",
 ]

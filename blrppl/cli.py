@@ -1,7 +1,7 @@
 """``python -m blrppl``: fit a model of the zoo and print an ArviZ summary.
 
     python -m blrppl list
-    python -m blrppl fit [MODEL] [--algorithm NAME] [--steps N] [--out DIR]
+    python -m blrppl fit [MODEL] [--algorithm NAME] [--steps N] [--restarts C] [--out DIR]
 
 The zoo lives in the repository's ``models/`` package (deliberately not
 installed into site-packages, where a top-level ``models`` would collide with
@@ -50,7 +50,13 @@ def _fit(args: argparse.Namespace) -> int:
     engine = getattr(blrppl, args.algorithm)(entry.model)
     print(f"Fitting {entry.name} ({entry.description}) with {args.algorithm}, up to {args.steps} steps.")
     result = engine.run(
-        jax.random.key(args.seed), args.steps, *model_args, progress_bar=not args.quiet, tol=args.tol, **model_kwargs
+        jax.random.key(args.seed),
+        args.steps,
+        *model_args,
+        progress_bar=not args.quiet,
+        tol=args.tol,
+        num_restarts=args.restarts,
+        **model_kwargs,
     )
     idata = result.to_arviz(jax.random.key(args.seed + 1), num_samples=args.draws)
     shown = [v for v in idata.posterior.data_vars if idata.posterior[v].size // args.draws <= MAX_SUMMARY_SIZE]
@@ -59,11 +65,19 @@ def _fit(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore")
         import arviz as az
 
-        summary = az.summary(idata, var_names=shown, kind="stats")
+        summary = az.summary(idata, var_names=shown, kind="stats" if args.restarts == 1 else "all")
     print(summary.to_string())
     if hidden:
         print(f"(not shown, more than {MAX_SUMMARY_SIZE} entries each: {', '.join(hidden)}; see the netCDF file)")
     print(f"ELBO after {len(result.elbo)} steps: {float(result.elbo[-1]):.6f}")
+    if result.restarts is not None:
+        finals = ", ".join(f"{float(fit.elbo[-1]):.6g}" for fit in map(result.restart, range(result.num_restarts)))
+        print(f"Restarts (one ArviZ chain each; best {result.restarts.best}): final ELBOs {finals}")
+    diagnostic = result.pareto_k(jax.random.key(args.seed + 2), num_samples=args.draws)
+    print(
+        f"{diagnostic} (PSIS of q against the model, {args.draws} draws; "
+        "k < 0.5 good, < 0.7 ok, >= 0.7 q misses the posterior)"
+    )
     if args.out:
         _write_outputs(result, idata, pathlib.Path(args.out))
     return 0
@@ -114,6 +128,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fit.add_argument("--tol", type=float, default=1e-4, help="stop when the ELBO changes by less")
     fit.add_argument("--draws", type=int, default=1000)
     fit.add_argument("--seed", type=int, default=0)
+    fit.add_argument("--restarts", type=int, default=1, help="fit from this many starts (ArviZ chains)")
     fit.add_argument("--out", default=None)
     fit.add_argument("--quiet", action="store_true")
     commands.add_parser("list", help="list the zoo")

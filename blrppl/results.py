@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +14,27 @@ from blrppl.graph.replay import replay, split_latents
 from blrppl.posterior import block_marginals, q_distribution
 
 
+class Restarts(NamedTuple):
+    """All restarts of a ``run(..., num_restarts=C)`` fit.
+
+    Attributes:
+      state: the C final states, stacked (every leaf has a leading axis C);
+        pass it as ``init_state`` with ``num_restarts=C`` to resume them all.
+      elbo: ``(C, L)`` ELBO traces, NaN after a restart stopped (``tol``).
+      num_steps: ``(C,)`` the number of steps each restart ran.
+      best: the index of the restart with the highest final ELBO, the one
+        the result reports.
+      finite: ``(C,)`` bool, False for a restart whose q or ELBO is not
+        finite at its end (it diverged; never the best, not in ``to_arviz``).
+    """
+
+    state: BLRState
+    elbo: jax.Array
+    num_steps: jax.Array
+    best: int
+    finite: jax.Array
+
+
 class BLRResult(NamedTuple):
     """What ``engine.run`` returns.
 
@@ -23,17 +44,70 @@ class BLRResult(NamedTuple):
       elbo: the ELBO of q after each step run, shape ``(num_steps,)`` (fewer
         when ``tol`` stopped the run early).
       mode: ``"global"`` or ``"local"``.
+      restarts: with ``num_restarts=C > 1``, every restart
+        (:class:`Restarts`); ``state``, ``elbo`` and everything derived from
+        them (``posterior``, ``params``, ``sample``, ...) are then the best
+        restart's. None for a single fit.
     """
 
     plan: Any
     state: BLRState
     elbo: jax.Array
     mode: str
+    restarts: Optional[Restarts] = None
+
+    @property
+    def num_restarts(self) -> int:
+        """C for a fit with restarts, else 1."""
+        return 1 if self.restarts is None else int(self.restarts.elbo.shape[0])
+
+    def restart(self, index: int) -> "BLRResult":
+        """Restart ``index`` as a result of its own (``restart(0)`` without restarts is the fit)."""
+        if self.restarts is None:
+            if index != 0:
+                raise IndexError(f"the fit has no restarts; restart({index}) does not exist.")
+            return self
+        r = self.restarts
+        state = jax.tree.map(lambda a: a[index], r.state)
+        return BLRResult(self.plan, state, r.elbo[index, : int(r.num_steps[index])], self.mode)
+
+    def pareto_k(self, rng_key: jax.Array, num_samples: int = 1000):
+        """PSIS Pareto-k of q against the model (Yao et al. 2018): is the fit any good?
+
+        k < 0.5: q is close to the posterior; 0.5 <= k < 0.7: usable, with care;
+        k >= 0.7: q misses the posterior (importance weights are heavy-tailed).
+        Returns a :class:`~blrppl.diagnostics.ParetoK` (``float()`` gives k);
+        see :func:`blrppl.diagnostics.pareto_k`.
+        """
+        from blrppl.diagnostics import pareto_k
+
+        return pareto_k(self, rng_key, num_samples)
+
+    def save(self, path: Any) -> str:
+        """Save the fit's arrays to an ``.npz`` file (no pickle); returns the path written.
+
+        Load with ``engine.load(path, *model_args, **model_kwargs)`` (or
+        ``blrppl.load``): the graph is not saved, so the model and data are
+        needed again. See :mod:`blrppl.saving`.
+        """
+        from blrppl.saving import save
+
+        return save(self, path)
 
     @property
     def graph(self):
         """The traced :class:`~blrppl.graph.nodes.FactorGraph`."""
         return self.plan.graph
+
+    @property
+    def estimators(self) -> dict:
+        """Factor name -> how its site parameters are computed.
+
+        ``"exact"`` (symbolic, conjugate), ``"delta"``, ``"mc"``,
+        ``"quadrature"`` or ``"linear_predictor"`` (Gauss-Hermite on a GLM's
+        linear predictors); ``graph.factors[f].edges[v]`` says why.
+        """
+        return {est.factor: est.method for est in self.plan.estimators}
 
     @property
     def natural_params(self) -> dict:
@@ -89,11 +163,19 @@ class BLRResult(NamedTuple):
         dets = jax.vmap(deterministic)(latents)
         return {**sites, **latents, **dets}
 
-    def to_arviz(self, rng_key: jax.Array | None = None, num_samples: int = 1000):
-        """The fit as ``arviz.InferenceData``: posterior draws, log likelihood, ELBO."""
+    def to_arviz(
+        self, rng_key: jax.Array | None = None, num_samples: int = 1000, *, posterior_predictive: bool = False
+    ):
+        """The fit as ``arviz.InferenceData``: posterior draws, log likelihood, ELBO.
+
+        One chain per restart (one chain without restarts). With
+        ``posterior_predictive=True`` a ``posterior_predictive`` group holds
+        draws of every observed site given each posterior draw. See
+        :func:`blrppl.arviz_io.to_arviz`.
+        """
         from blrppl.arviz_io import to_arviz
 
-        return to_arviz(self, rng_key, num_samples)
+        return to_arviz(self, rng_key, num_samples, posterior_predictive=posterior_predictive)
 
     def guide(self) -> Callable:
         """A NumPyro guide drawing every latent site from q (for ``Predictive``)."""

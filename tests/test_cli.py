@@ -22,7 +22,7 @@ def test_list_names_the_zoo():
 def test_fit_prints_a_summary_and_writes_files(tmp_path):
     out = run("fit", "normal_mean_precision", "--steps", "20", "--draws", "200", "--quiet", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr
-    assert "mean" in out.stdout and "ELBO after" in out.stdout
+    assert "mean" in out.stdout and "ELBO after" in out.stdout and "Pareto k" in out.stdout
     for name in ("posterior.nc", "elbo.png", "posterior.png"):
         assert (tmp_path / name).stat().st_size > 0
 

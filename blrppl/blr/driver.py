@@ -110,3 +110,73 @@ def _run_chunk(algorithm, run_key, state, buffer, start, stop, previous, done, t
         return i + 1, state, buffer, elbo, done
 
     return jax.lax.while_loop(cond, body, (start, state, buffer, previous, done))
+
+
+def run_restarts(
+    algorithm: InferenceAlgorithm,
+    rng_keys: jax.Array,
+    num_steps: int,
+    init_states: BLRState,
+    *,
+    tol: Optional[float] = None,
+    progress_bar: bool = True,
+    num_updates: int = 20,
+) -> tuple[BLRState, jax.Array, jax.Array]:
+    """Run C copies of ``algorithm`` at once: :func:`run` vmapped over restarts.
+
+    Restart c runs from ``init_states[c]`` (a state with a leading axis C)
+    with the step keys :func:`run` would derive from ``rng_keys[c]``, so
+    restart c equals ``run(algorithm, rng_keys[c], ...)`` from the same start.
+    The loop is the same ``while_loop`` vmapped over the restart axis; with
+    ``tol`` each restart stops on its own (the batched loop runs until the
+    last one stops, and a stopped restart's state no longer changes).
+
+    Returns:
+      ``(states, elbo, num_run)``: the final states (leading axis C), the
+      ELBO traces ``(C, num_steps)`` (NaN after a restart stopped) and the
+      number of steps each restart ran, shape ``(C,)``.
+    """
+    if int(num_steps) != num_steps or num_steps < 1:
+        raise ValueError(f"num_steps must be a positive integer, got {num_steps}.")
+    num_steps = int(num_steps)
+    num_restarts = int(jnp.shape(jax.tree.leaves(init_states.step)[0])[0])
+    run_keys = jax.vmap(lambda key: jax.random.split(key)[1])(rng_keys)
+    dtype = jnp.result_type(float)
+    threshold = jnp.asarray(-1.0 if tol is None else float(tol), dtype)
+    length = max(1024, 1 << (num_steps - 1).bit_length())
+    buffer = jnp.full((num_restarts, length), jnp.nan, dtype)
+    previous = jnp.full((num_restarts,), jnp.inf, dtype)
+    done = jnp.zeros((num_restarts,), bool)
+    states = init_states
+    ends = jnp.zeros((num_restarts,), jnp.int32)
+    chunk = num_steps if not progress_bar else -(-num_steps // num_updates)
+    bar = tqdm.tqdm(total=num_steps) if progress_bar else None
+    end = 0
+    for stop in range(chunk, num_steps + chunk, chunk):
+        stop = min(stop, num_steps)
+        stopped = done
+        new_ends, states, buffer, previous, done = _run_chunks(
+            algorithm, run_keys, states, buffer, jnp.asarray(end, jnp.int32), jnp.asarray(stop, jnp.int32),
+            previous, done, threshold,
+        )
+        ends = jnp.where(stopped, ends, new_ends)  # a restart stopped earlier keeps its end
+        new_end = int(jnp.max(ends))
+        if bar is not None:
+            bar.update(new_end - end)
+            bar.set_postfix(elbo=f"{float(jnp.nanmax(previous)):.6g}")
+        end = new_end
+        if bool(jnp.all(done)):
+            break
+    if bar is not None:
+        bar.close()
+    return states, buffer[:, :end], ends
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _run_chunks(algorithm, run_keys, states, buffers, start, stop, previous, done, threshold):
+    """:func:`_run_chunk` vmapped over restarts (shared bounds and tolerance)."""
+
+    def one(run_key, state, buffer, previous, done):
+        return _run_chunk(algorithm, run_key, state, buffer, start, stop, previous, done, threshold)
+
+    return jax.vmap(one)(run_keys, states, buffers, previous, done)

@@ -14,7 +14,6 @@ from blrppl.blr.incremental import build_store
 from blrppl.blr.schedules import robbins_monro
 from blrppl.blr.svi import build_svi
 from blrppl.engines.base import Engine, Plan
-from blrppl.engines.init import initial_natural
 from blrppl.errors import ModelError
 from blrppl.graph.nodes import FactorGraph, Plate
 from blrppl.graph.trace import build_graph
@@ -99,7 +98,7 @@ class SVI(Engine):
                 local_axes[v] = axis
         return dataclasses.replace(plan, subsample=Subsample(plate, local_axes, plate_factors))
 
-    def build(self, plan: Plan, rng_key: Optional[jax.Array] = None):
+    def build(self, plan: Plan, rng_key: Optional[jax.Array] = None, *, random_start: bool = False):
         """The functional core; ``rng_key`` seeds the epoch permutations."""
         sub = plan.subsample
         batch_key = jax.random.fold_in(jax.random.key(0) if rng_key is None else rng_key, 1)
@@ -113,7 +112,7 @@ class SVI(Engine):
             local_axes=sub.local_axes,
             plate_factors=sub.plate_factors,
             rho=self._rho(),
-            init_natural=lambda key: initial_natural(key, plan, self.init),
+            init_natural=self._init_natural(plan, random_start),
             batch_key=batch_key,
             init_params=plan.init_params,
             order=self.order,

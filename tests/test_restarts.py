@@ -1,0 +1,79 @@
+"""num_restarts=C: C starts in one vmapped run, reported as C ArviZ chains."""
+
+import arviz as az
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+
+import blrppl
+from models import ZOO
+
+
+def two_means(y):
+    """Two exchangeable components: every relabelling of a fit is another optimum."""
+    with numpyro.plate("K", 2):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    with numpyro.plate("N", y.shape[0]):
+        z = numpyro.sample("z", dist.Categorical(jnp.array([0.5, 0.5])))
+        numpyro.sample("y", dist.Normal(mu[z], 0.5), obs=y)
+
+
+@pytest.fixture(scope="module")
+def mixture_fit():
+    rng = np.random.default_rng(1)
+    y = jnp.asarray(np.concatenate([rng.normal(-2.0, 0.5, 20), rng.normal(2.0, 0.5, 20)]))
+    return blrppl.VMP(two_means).run(jax.random.key(0), 30, y, progress_bar=False, num_restarts=6), y
+
+
+def test_restarts_in_different_modes_give_large_rhat(mixture_fit):
+    result, _ = mixture_fit
+    assert result.num_restarts == 6 and result.restarts.elbo.shape == (6, 30)
+    means = np.stack([np.asarray(result.restart(c).posterior["mu"].mean) for c in range(6)])
+    labellings = {tuple(np.argsort(m)) for m in means}
+    assert len(labellings) == 2  # both orders of the two clusters were found
+    sorted_means = np.sort(means, axis=1)  # the same optimum up to relabelling
+    np.testing.assert_allclose(sorted_means, np.broadcast_to(sorted_means[0], sorted_means.shape), atol=1e-6)
+    idata = result.to_arviz(jax.random.key(1), 200)
+    assert idata.posterior.sizes["chain"] == 6 and idata.posterior["mu"].dims == ("chain", "draw", "K")
+    assert float(az.rhat(idata, var_names=["mu"])["mu"].max()) > 1.1
+
+
+def test_the_result_is_the_best_restart_and_restart_zero_is_the_plain_run(mixture_fit):
+    result, y = mixture_fit
+    finals = np.asarray(result.restarts.elbo[:, -1])
+    assert result.restarts.best == int(np.argmax(finals))
+    np.testing.assert_array_equal(result.elbo, result.restarts.elbo[result.restarts.best])
+    plain = blrppl.VMP(two_means).run(jax.random.key(0), 30, y, progress_bar=False)
+    np.testing.assert_allclose(result.restarts.elbo[0], plain.elbo, rtol=1e-10)
+    for a, b in zip(jax.tree.leaves(result.restart(0).state), jax.tree.leaves(plain.state)):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_unimodal_model_gives_rhat_near_one(rng_key):
+    entry = ZOO["normal_mean_precision"]
+    args, kwargs = entry.data()
+    result = blrppl.VMP(entry.model).run(rng_key, 40, *args, progress_bar=False, num_restarts=4, **kwargs)
+    first = np.asarray(result.restarts.elbo[:, 0])
+    assert np.ptp(first) > 1e-3  # the restarts really started from different points
+    idata = result.to_arviz(jax.random.key(1), 500)
+    assert idata.posterior.sizes["chain"] == 4
+    rhat = az.rhat(idata)
+    assert float(max(rhat["mu"], rhat["tau"])) < 1.02
+
+
+def test_tol_stops_each_restart_and_resuming_continues_all(rng_key):
+    entry = ZOO["normal_mean_precision"]
+    args, kwargs = entry.data()
+    engine = blrppl.VMP(entry.model)
+    result = engine.run(rng_key, 200, *args, progress_bar=True, num_restarts=3, tol=1e-9, **kwargs)
+    steps = np.asarray(result.restarts.num_steps)
+    assert np.all(steps < 200) and len(result.elbo) == steps[result.restarts.best]
+    for c, n in enumerate(steps):
+        assert np.all(np.isfinite(result.restarts.elbo[c, :n])) and np.all(np.isnan(result.restarts.elbo[c, n:]))
+    resumed = engine.run(rng_key, 2, *args, progress_bar=False, num_restarts=3, init_state=result.restarts.state, **kwargs)
+    assert np.all(np.asarray(resumed.restarts.state.step) == steps + 2)
+    with pytest.raises(ValueError, match="restarts"):
+        engine.run(rng_key, 2, *args, progress_bar=False, num_restarts=3, init_state=result.state, **kwargs)
