@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import jax
 import jax.numpy as jnp
 
-from blrppl.blr.build import build_blr, mean_params
+from blrppl.blr.build import averaged, build_blr, mean_params
 from blrppl.blr.driver import run as run_algorithm
 from blrppl.blr.schedules import as_schedule
 from blrppl.blr.variational import VariableQ, variable_q
@@ -26,13 +26,15 @@ from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, example_latents, q_space_examples
 from blrppl.estimators.conjugacy import record_verdicts
 from blrppl.estimators.exact import exact_estimator
-from blrppl.estimators.nonconjugate import gaussian_factor_estimator
+from blrppl.estimators.hybrid import hybrid_estimator
+from blrppl.estimators.nonconjugate import nonconjugate_estimator
+from blrppl.graph.chains import discrete_loop_chain
 from blrppl.graph.nodes import Edge, FactorGraph
 from blrppl.graph.trace import build_graph
 from blrppl.results import BLRResult
 from blrppl.symbolic.terms import NonConjugate
 
-ESTIMATORS = ("exact", "delta", "mc", "quadrature")
+ESTIMATORS = ("exact", "auto", "delta", "mc", "quadrature")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +77,7 @@ class Engine:
         point_estimates: Optional[Sequence[str]] = None,
         init: Optional[Mapping[str, Any]] = None,
         order: Optional[Sequence[str]] = None,
+        average: Optional[bool] = None,
     ):
         if mode not in ("global", "local"):
             raise ValueError(f"mode must be 'global' (Eq. 58) or 'local' (Eq. 60), got {mode!r}.")
@@ -99,6 +102,7 @@ class Engine:
         self.point_estimates = tuple(point_estimates or ())
         self.init = dict(init or {})
         self.order = tuple(order) if order is not None else None
+        self.average = average
 
     # -- planning ---------------------------------------------------------------
 
@@ -150,6 +154,15 @@ class Engine:
             for factor in self.estimator:
                 if factor not in graph.factors:
                     raise ModelError(f"site {factor!r}: estimator names a factor the model does not have; use one of {sorted(graph.factors)}.")
+        linked = discrete_loop_chain(graph)
+        if linked is not None:
+            raise ModelError(
+                f"site {linked[0]!r}: the discrete latents {', '.join(repr(s) for s in linked[:3])}"
+                f"{', ...' if len(linked) > 3 else ''} form a Markov chain written one site per step "
+                "(a Python loop or numpyro.markov), which blrppl does not join into one chain q; write "
+                "the chain with numpyro.contrib.control_flow.scan (the initial state sampled before the "
+                "scan, each step's state inside it) so that it gets a ChainCategorical q."
+            )
         if self.order is not None and sorted(self.order) != sorted(graph.variables):
             raise ModelError(f"site {self.model.__name__!r}: order must list every latent variable once: {sorted(graph.variables)}; got {list(self.order)}.")
 
@@ -158,9 +171,9 @@ class Engine:
         node = graph.factors[name]
         explicit = isinstance(self.estimator, Mapping) and name in self.estimator
         if self.forced is not None:
-            return gaussian_factor_estimator(graph, name, qs, examples, self.forced, self.num_samples, "Laplace")
+            return nonconjugate_estimator(graph, name, qs, examples, self.forced, self.num_samples, "Laplace")
         if explicit and choice != "exact" and not self.exact_only:
-            return gaussian_factor_estimator(graph, name, qs, examples, choice, self.num_samples, "chosen by the user")
+            return nonconjugate_estimator(graph, name, qs, examples, choice, self.num_samples, "chosen by the user")
         try:
             estimator = exact_estimator(graph, name, qs, examples, init_params, plate)
         except NonConjugate as error:
@@ -174,12 +187,18 @@ class Engine:
                     "use an engine with non-conjugate estimators (NonConjugateVI, or BLR with "
                     "estimator='mc', 'delta' or 'quadrature') or rewrite the model with conjugate priors."
                 ) from None
+            uncertain = tuple(v for v in node.neighbours if node.edges.get(v) is not None and node.edges[v].conjugate is False)
+            if 0 < len(uncertain) < len(node.neighbours):
+                try:
+                    return hybrid_estimator(graph, name, qs, examples, init_params, uncertain, method, self.num_samples)
+                except (NonConjugate, ModelError):
+                    pass  # no exact part: estimate every edge
             if init_params and node.param_neighbours:
                 raise ModelError(
                     f"site {name!r}: the factor is not conjugate in {var!r} ({reason}) and touches "
                     f"point estimates {list(node.param_neighbours)}; EM needs exact expected log factors."
                 )
-            return gaussian_factor_estimator(graph, name, qs, examples, method, self.num_samples, reason)
+            return nonconjugate_estimator(graph, name, qs, examples, method, self.num_samples, reason)
         for v in node.neighbours:
             node.edges[v] = Edge(True, "exact site parameter")
         return estimator
@@ -200,6 +219,7 @@ class Engine:
         progress_bar: bool = True,
         init_state: Any = None,
         tol: Optional[float] = None,
+        num_restarts: int = 1,
         **model_kwargs: Any,
     ) -> BLRResult:
         """Fit q to the model's posterior; see ``shared/API.md``.
@@ -209,43 +229,92 @@ class Engine:
           num_steps: the maximum number of BLR steps.
           *model_args, **model_kwargs: the model's own arguments.
           progress_bar: show a tqdm bar with the ELBO, like ``SVI.run``.
-          init_state: a ``result.state`` to resume from.
+          init_state: a ``result.state`` to resume from (with restarts:
+            ``result.restarts.state``).
           tol: stop once the ELBO changes by less than ``tol`` in one step.
+          num_restarts: fit from this many starts in one vmapped run; the
+            result is the restart with the highest ELBO and keeps them all
+            in ``result.restarts`` (see :mod:`blrppl.engines.restarts`).
 
         Returns:
           A :class:`~blrppl.results.BLRResult`.
         """
+        if int(num_restarts) != num_restarts or num_restarts < 1:
+            raise ValueError(f"num_restarts must be a positive integer, got {num_restarts}.")
         plan = self.plan(*model_args, **model_kwargs)
+        if num_restarts > 1:
+            from blrppl.engines.restarts import run_with_restarts
+
+            return run_with_restarts(
+                self, plan, rng_key, num_steps, int(num_restarts), init_state=init_state, tol=tol, progress_bar=progress_bar
+            )
         algorithm = self.build(plan, rng_key)
         state, elbo = run_algorithm(
             algorithm, rng_key, num_steps, init_state=init_state, tol=tol, progress_bar=progress_bar
         )
+        state = averaged(state)
         _check_finite(state, elbo)
         return BLRResult(plan=plan, state=state, elbo=elbo, mode=self.mode)
 
-    def build(self, plan: Plan, rng_key: Optional[jax.Array] = None):
+    def build(self, plan: Plan, rng_key: Optional[jax.Array] = None, *, random_start: bool = False):
         """The functional core for a plan (an ``InferenceAlgorithm``).
 
         ``rng_key`` is used by engines that fix randomness for a whole run
-        (SVI's epoch permutations); the others ignore it.
+        (SVI's epoch permutations); the others ignore it. ``random_start``:
+        ``init`` starts each q at a random point (restarts).
         """
         del rng_key
         order = self.order or tuple(plan.qs)
-
-        def init_natural(rng_key):
-            return initial_natural(rng_key, plan, self.init)
-
         return build_blr(
             plan.qs,
             plan.estimators,
             rho=self._rho(),
-            init_natural=init_natural,
+            init_natural=self._init_natural(plan, random_start),
             init_params=plan.init_params,
             mode=self.mode,
             schedule=self.schedule,
             order=order,
             m_step=self._m_step(plan) if plan.init_params else None,
+            average=self._average(plan),
+            guard=self._guard(plan),
         )
+
+    def _guard(self, plan: Plan) -> bool:
+        """ELBO-guarded steps where estimated site parameters are deterministic."""
+        methods = {m for e in plan.estimators for m in e.method.split("+")}
+        return bool(methods & {"quadrature", "delta"}) and "mc" not in methods
+
+    def _average(self, plan: Plan) -> bool:
+        """Iterate averaging where site parameters are noisy (Monte Carlo) and ρ < 1."""
+        if self.average is not None:
+            return bool(self.average)
+        noisy = any("mc" in e.method.split("+") for e in plan.estimators)
+        return noisy and (callable(self.learning_rate) or float(self.learning_rate) < 1.0)
+
+    def _init_natural(self, plan: Plan, random_start: bool = False) -> Callable:
+        """``rng_key -> natural``: where q starts (randomly re-centred for restarts)."""
+        compiled: dict = {}  # the compiled starts, reused when the algorithm runs again
+
+        def init_natural(rng_key):
+            natural = initial_natural(rng_key, plan, self.init, cache=compiled)
+            if random_start:
+                from blrppl.engines.restarts import random_start as jitter
+
+                natural = jitter(jax.random.fold_in(rng_key, 1), plan, natural, keep=self.init)
+            return natural
+
+        return init_natural
+
+    def load(self, path: Any, *model_args: Any, **model_kwargs: Any) -> BLRResult:
+        """A result saved with ``result.save(path)``, for this engine, model and data.
+
+        The file holds arrays only (the state, the ELBO, restarts); the graph is
+        traced again from ``model_args``/``model_kwargs``, which must be the
+        data of the saved fit. See :mod:`blrppl.saving`.
+        """
+        from blrppl.saving import load
+
+        return load(path, self, *model_args, **model_kwargs)
 
     def guide(self, result: BLRResult) -> Callable:
         """A NumPyro guide that samples from the fitted q (for ``Predictive``)."""

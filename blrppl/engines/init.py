@@ -12,6 +12,7 @@ a few k-means steps; otherwise from random responsibilities.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Mapping, Optional
 
@@ -22,12 +23,12 @@ import numpyro.distributions as dist
 from blrppl.blr.build import mean_params
 from blrppl.errors import ModelError
 from blrppl.estimators.base import owner
-from blrppl.symbolic.expectation import CHAIN, GAUSSIAN
+from blrppl.symbolic.expectation import CHAIN, CHAIN_CATEGORICAL, GAUSSIAN
 
 
 def _placeholder(q, node) -> Any:
     """A valid member of the variable's family with the right shapes."""
-    if q.kind in (GAUSSIAN, CHAIN):
+    if q.kind in (GAUSSIAN, CHAIN, CHAIN_CATEGORICAL):
         return q.example_natural()
     if q.kind == "categorical":
         return q.family.stats_type(one_hot=jnp.zeros(q.shape + (q.num_categories,)))
@@ -44,11 +45,15 @@ def _placeholder(q, node) -> Any:
     )
 
 
-def initial_natural(rng_key: jax.Array, plan: Any, init: Optional[Mapping[str, Any]] = None) -> dict:
+def initial_natural(
+    rng_key: jax.Array, plan: Any, init: Optional[Mapping[str, Any]] = None, cache: Optional[dict] = None
+) -> dict:
     """Natural parameters to start from (see the module docstring).
 
     ``init`` maps sites to a numpyro distribution (q starts there) or a value
     (q keeps the spread it has from the prior but is centred at the value).
+    ``cache`` (a dict the caller keeps for one plan) holds the compiled
+    starts, so that running the same algorithm again does not recompile them.
     """
     qs, graph = plan.qs, plan.graph
     natural = {v: _placeholder(q, graph.variables[v]) for v, q in qs.items()}
@@ -61,19 +66,19 @@ def initial_natural(rng_key: jax.Array, plan: Any, init: Optional[Mapping[str, A
                 probs = jax.random.dirichlet(key, jnp.ones(q.num_categories), q.shape)
             natural[v] = q.family.stats_type(one_hot=jnp.log(probs))
             continue
+        if q.kind == CHAIN_CATEGORICAL:
+            natural[v] = _chain_start(jax.random.fold_in(rng_key, i), graph, v, q)
+            continue
         priors = [f for f in graph.factors if owner(graph, f) == v]
         if not priors:
             continue
         if q.kind == GAUSSIAN and any(by_factor[f].method != "exact" for f in priors):
             natural[v] = _gaussian_from_prior(q, graph.variables[v])
             continue
-        mean = mean_params(qs, natural)
-        messages = []
-        for f in priors:
-            _, grads = by_factor[f].estimate(jax.random.fold_in(rng_key, i), mean, plan.init_params)
-            messages.append(grads[v])
-        natural[v] = jax.tree.map(lambda *xs: sum(xs[1:], xs[0]), *messages)
-        if not bool(jnp.all(q.family.is_valid(natural[v]))):
+        estimators = [by_factor[f] for f in priors]
+        prior_start = _prior_start(v, q, estimators, qs, cache)
+        natural[v], valid = prior_start(natural, jax.random.fold_in(rng_key, i), plan.init_params)
+        if not bool(valid):
             raise ModelError(
                 f"site {v!r}: its prior does not define a proper starting q ({q.family.name}); "
                 "give the site a proper prior."
@@ -81,6 +86,28 @@ def initial_natural(rng_key: jax.Array, plan: Any, init: Optional[Mapping[str, A
     for v, start in (init or {}).items():
         natural[v] = _user_start(qs[v], natural[v], start)
     return natural
+
+
+def _prior_start(v, q, estimators, qs, cache=None):
+    """``(natural, rng_key, params) -> (λ_v, valid)``: the sum of ``v``'s prior site
+    parameters at the current starts, and whether it is a valid q.
+
+    One jit-compiled function: run eagerly, a chain's passes and the symbolic
+    expectations would compile op by op, for every new chain length.
+    """
+    if cache is not None and v in cache:
+        return cache[v]
+
+    def start(natural, rng_key, params):
+        mean = mean_params(qs, natural)
+        messages = [est.estimate(rng_key, mean, params)[1][v] for est in estimators]
+        total = jax.tree.map(lambda *xs: sum(xs[1:], xs[0]), *messages)
+        return total, jnp.all(q.family.is_valid(total))
+
+    compiled = jax.jit(start)
+    if cache is not None:
+        cache[v] = compiled
+    return compiled
 
 
 def _gaussian_from_prior(q, node):
@@ -153,7 +180,31 @@ def _user_start(q, natural, start):
         return q.family.stats_type(one_hot=jnp.log(probs))
     if kind == "bernoulli":
         return q.family.stats_type(x=jnp.where(value > 0.5, 1.0, -1.0) * jnp.log(9.0))
+    if kind == CHAIN_CATEGORICAL:
+        probs = 0.9 * jax.nn.one_hot(value.astype(jnp.int32), q.num_categories) + 0.1 / q.num_categories
+        return natural._replace(one_hot=jnp.log(probs), pair=jnp.zeros_like(natural.pair))
     raise ModelError(f"site {q.name!r}: init by value is not available for {q.family.name}; pass a distribution.")
+
+
+def _chain_start(rng_key, graph, var, q):
+    """A discrete chain starts with independent marginals (no pair potentials).
+
+    The marginals are k-means responsibilities on the observations the
+    states index, aligned at the end of the chain (a scan chain joined with
+    its initial state has one state more than observations; that state
+    starts uniform), or random responsibilities (Dirichlet(1) per step).
+    """
+    length, num = q.shape[0], q.num_categories
+    probs = None
+    for size in (length, length - 1):
+        probs = _kmeans_responsibilities(rng_key, graph, var, dataclasses.replace(q, shape=(size,)))
+        if probs is not None:
+            uniform = jnp.full((length - size, num), 1.0 / num)
+            probs = jnp.concatenate([uniform, probs])
+            break
+    if probs is None:
+        probs = jax.random.dirichlet(rng_key, jnp.ones(num), (length,))
+    return q.family.stats_type(one_hot=jnp.log(probs), pair=jnp.zeros((length - 1, num, num)))
 
 
 LLOYD_STEPS = 10

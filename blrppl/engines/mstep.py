@@ -3,7 +3,7 @@
 The objective is the sum of the exact expected log factors that touch the
 point estimates, as a function of their values; it is maximised by Newton's
 method on the unconstrained space of each ``numpyro.param``'s constraint,
-with step halving so that the objective never decreases. When the objective
+with step halving so that the objective never decreases (beyond rounding). When the objective
 is quadratic in the unconstrained parameter (means), one Newton step is the
 closed-form M-step; otherwise a few steps reach it to machine precision.
 """
@@ -42,7 +42,7 @@ def build_m_step(plan: Any) -> Callable:
             return sum(e.estimate(rng_key, mean, p)[0] for e in estimators)
 
         def newton(carry):
-            flat, value, i, _ = carry
+            flat, value, i, _, stalled = carry
             grad = jax.grad(objective)(flat)
             hess = jax.hessian(objective)(flat)
             # Ascent direction: Newton where the Hessian is negative definite,
@@ -55,26 +55,36 @@ def build_m_step(plan: Any) -> Callable:
                 step, _ = c
                 return step * 0.5, objective(flat + step * 0.5 * direction)
 
+            # Changes of the objective within rounding are no evidence against a
+            # Newton step (its gradient and Hessian are accurate beyond that).
+            tol = 64.0 * jnp.finfo(flat.dtype).eps * (1.0 + jnp.abs(value))
+
             def worse(c):
                 step, new_value = c
-                return ((new_value < value) | ~jnp.isfinite(new_value)) & (step > 2.0**-MAX_HALVINGS)
+                return ((new_value < value - tol) | ~jnp.isfinite(new_value)) & (step > 2.0**-MAX_HALVINGS)
 
             step, new_value = jax.lax.while_loop(worse, halve, (jnp.ones(()), objective(flat + direction)))
-            accept = jnp.isfinite(new_value) & (new_value >= value)
+            accept = jnp.isfinite(new_value) & (new_value >= value - tol)
             new_flat = jnp.where(accept, flat + step * direction, flat)
             new_value = jnp.where(accept, new_value, value)
-            # Stop once Newton's step no longer moves the parameters.
+            # Stop once Newton's step no longer moves the parameters; or once a full
+            # Newton step changes the objective only within rounding (it was taken
+            # from within rounding of the optimum, and converges quadratically);
+            # or after two such steps in a row (a maximum on the boundary, such as
+            # a one-hot initial distribution of an HMM, is approached along a flat
+            # direction that would otherwise be followed until MAX_NEWTON_STEPS).
             moved = jnp.max(jnp.abs(new_flat - flat)) / (1.0 + jnp.max(jnp.abs(flat)))
-            converged = moved <= 4.0 * jnp.finfo(flat.dtype).eps
-            return new_flat, new_value, i + 1, converged
+            unchanged = jnp.abs(new_value - value) <= tol
+            flat_newton = ok & (step == 1.0) & unchanged
+            converged = (moved <= 4.0 * jnp.finfo(flat.dtype).eps) | flat_newton | (stalled & unchanged)
+            return new_flat, new_value, i + 1, converged, unchanged
 
         def cond(carry):
-            _, _, i, converged = carry
+            _, _, i, converged, _ = carry
             return (i < MAX_NEWTON_STEPS) & ~converged
 
-        flat, _, _, _ = jax.lax.while_loop(
-            cond, newton, (flat0, objective(flat0), jnp.zeros((), jnp.int32), jnp.zeros((), bool))
-        )
+        start = (flat0, objective(flat0), jnp.zeros((), jnp.int32), jnp.zeros((), bool), jnp.zeros((), bool))
+        flat = jax.lax.while_loop(cond, newton, start)[0]
         return {**params, **to_params(unravel(flat))}
 
     return m_step

@@ -64,30 +64,45 @@ def _over_batch(fn, natural: ChainCategoricalStats):
     return vmap_over_batch(fn, natural, _STATS_NDIM, _batch_shape(natural))
 
 
-def _forward(natural: ChainCategoricalStats) -> Array:
-    """Return log α_t(k) = log Σ_{z_1..z_{t-1}} exp(potentials up to z_t = k), shape (T, K)."""
+# Scan bodies live at module level so that JAX reuses their traces (and
+# compiled code) across calls outside jit. Forward and backward messages are
+# normalised at every step (the scaled forward-backward of Rabiner 1989, in
+# log space): they stay O(1) however long the chain, which float32 needs.
+def _forward_step(carry, inputs):
+    log_alpha, log_norm = carry
+    unary, pair = inputs
+    new = unary + logsumexp(log_alpha[:, None] + pair, axis=0)
+    scale = logsumexp(new)
+    new = new - scale
+    return (new, log_norm + scale), new
 
-    def step(log_alpha, inputs):
-        unary, pair = inputs
-        new = unary + logsumexp(log_alpha[:, None] + pair, axis=0)
-        return new, new
 
+def _backward_step(log_beta, inputs):
+    unary_next, pair = inputs
+    new = logsumexp(pair + (unary_next + log_beta)[None, :], axis=1)
+    new = new - logsumexp(new)
+    return new, new
+
+
+def _forward(natural: ChainCategoricalStats) -> tuple[Array, Array]:
+    """Return normalised log α_t (T, K) and A(λ).
+
+    α_t(k) ∝ Σ_{z_1..z_{t-1}} exp(potentials up to z_t = k), each step scaled
+    to sum to one; A(λ) is the sum of the log scales.
+    """
     first = natural.one_hot[0]
-    _, rest = jax.lax.scan(step, first, (natural.one_hot[1:], natural.pair))
-    return jnp.concatenate([first[None], rest])
+    scale = logsumexp(first)
+    (_, log_norm), rest = jax.lax.scan(
+        _forward_step, (first - scale, scale), (natural.one_hot[1:], natural.pair)
+    )
+    return jnp.concatenate([(first - scale)[None], rest]), log_norm
 
 
 def _backward(natural: ChainCategoricalStats) -> Array:
-    """Return log β_t(k) = log Σ_{z_{t+1}..z_T} exp(potentials after z_t = k), shape (T, K)."""
-
-    def step(log_beta, inputs):
-        unary_next, pair = inputs
-        new = logsumexp(pair + (unary_next + log_beta)[None, :], axis=1)
-        return new, new
-
+    """Return normalised log β_t(k) ∝ log Σ_{z_{t+1}..z_T} exp(potentials after z_t = k), shape (T, K)."""
     last = jnp.zeros_like(natural.one_hot[-1])
     _, rest = jax.lax.scan(
-        step, last, (natural.one_hot[1:], natural.pair), reverse=True
+        _backward_step, last, (natural.one_hot[1:], natural.pair), reverse=True
     )
     return jnp.concatenate([rest, last[None]])
 
@@ -119,27 +134,27 @@ def expected_log_base_measure(natural: ChainCategoricalStats) -> Array:
 
 
 def log_normalizer(natural: ChainCategoricalStats) -> Array:
-    """Return A(λ) = logsumexp_k log α_T(k) (the forward algorithm), batch shaped.
+    """Return A(λ) = log Σ_k α_T(k) (the scaled forward algorithm: the sum of the step scales), batch shaped.
 
     Example:
         >>> nat = ChainCategoricalStats(jnp.zeros((3, 2)), jnp.zeros((2, 2, 2)))
         >>> float(log_normalizer(nat))  # log 2³
         2.0794415416798357
     """
-    return _over_batch(lambda n: logsumexp(_forward(n)[-1]), natural)
+    return _over_batch(lambda n: _forward(n)[1], natural)
 
 
 def _mean_one(natural: ChainCategoricalStats) -> ChainCategoricalStats:
-    log_alpha = _forward(natural)
+    log_alpha, _ = _forward(natural)
     log_beta = _backward(natural)
-    log_z = logsumexp(log_alpha[-1])
-    marginals = jnp.exp(log_alpha + log_beta - log_z)
-    pair = jnp.exp(
+    # Normalised per step, so each marginal is a softmax of O(1) numbers.
+    marginals = jax.nn.softmax(log_alpha + log_beta, axis=-1)
+    log_pair = (
         log_alpha[:-1, :, None]
         + natural.pair
         + (natural.one_hot[1:] + log_beta[1:])[:, None, :]
-        - log_z
     )
+    pair = jnp.exp(log_pair - logsumexp(log_pair, axis=(-2, -1), keepdims=True))
     return ChainCategoricalStats(one_hot=marginals, pair=pair)
 
 
@@ -272,7 +287,7 @@ def from_numpyro(d: dist.Distribution) -> ChainCategoricalStats:
 
 def _sample_one(rng_key: PRNGKey, natural: ChainCategoricalStats, num: int) -> Array:
     """Forward filter, backward sample: z_T ~ α_T, z_t | z_{t+1} ∝ α_t(i) exp ψ_t(i, z_{t+1})."""
-    log_alpha = _forward(natural)
+    log_alpha, _ = _forward(natural)
     key_last, key_rest = jax.random.split(rng_key)
     last = jax.random.categorical(key_last, log_alpha[-1], shape=(num,))
 

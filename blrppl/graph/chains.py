@@ -115,3 +115,31 @@ def scan_chains(
             family,
         )
     return chains
+
+
+def discrete_loop_chain(graph: Any) -> tuple[str, ...] | None:
+    """Three or more discrete latent sites linked by their priors, else None.
+
+    ``z_t ~ Categorical(trans[z_{t-1}])`` written as a Python loop (under
+    ``numpyro.markov`` or not) gives one node per time step; those are not
+    joined into a chain. Returns the sites of the longest such path found,
+    first to last, so that engines can say what to do instead.
+    """
+    discrete = {
+        name
+        for name, node in graph.variables.items()
+        if node.family in _DISCRETE and node.chain is None and not node.members
+    }
+    parents = {}
+    for name in discrete:
+        factor = graph.factors.get(name)
+        if factor is not None and factor.kind == "prior":
+            parents[name] = [v for v in factor.neighbours if v != name and v in discrete]
+    best: tuple[str, ...] = ()
+    for name in parents:
+        path = [name]
+        while parents.get(path[-1]) and parents[path[-1]][0] not in path:
+            path.append(parents[path[-1]][0])
+        if len(path) > len(best):
+            best = tuple(reversed(path))
+    return best if len(best) >= 3 else None

@@ -7,9 +7,12 @@ from typing import Callable, Mapping
 import jax
 import numpy as np
 
-from blrppl.symbolic.expectation import Analysis, VarInfo, resolve
+from blrppl.symbolic.expectation import CHAIN_CATEGORICAL, Analysis, VarInfo, resolve
 from blrppl.symbolic.interpret import Interpreter, categorical_variable
 from blrppl.symbolic.terms import Labels, NonConjugate, Poly, Term, variable
+
+# Discrete variables whose values are indices, enumerated on use (``mu[z]``).
+_INDEX_KINDS = ("categorical", CHAIN_CATEGORICAL)
 
 
 def analyse(
@@ -46,7 +49,7 @@ def analyse(
     for name in names:
         info = infos[name]
         shape = tuple(np.shape(example_values[name]))
-        if info.kind == "categorical":
+        if info.kind in _INDEX_KINDS:
             categorical[name] = (shape, info.num_categories)
             args.append(categorical_variable(name, shape, space))
         else:
@@ -64,7 +67,7 @@ def analyse(
     if len(out.shape) > 1:
         raise ValueError("log_factor must return a scalar or a vector over observations")
     for name in names:
-        if infos[name].kind == "categorical" and any(
+        if infos[name].kind in _INDEX_KINDS and any(
             a.var == name and a.kind == "cat" for t in out.terms for a in t.atoms
         ):
             raise NonConjugate(name, f"the categorical {name!r} is used as a number, not as an index")

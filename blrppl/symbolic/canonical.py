@@ -154,6 +154,27 @@ def _gaussian_random_walk(x, scale=1.0, num_steps=1):
     return jnp.sum(_normal(steps, 0.0, jnp.expand_dims(scale, -1)), -1)
 
 
+def _gaussian_state_space(
+    x,
+    transition_matrix,
+    covariance_matrix=None,
+    precision_matrix=None,
+    scale_tril=None,
+    initial_value=None,
+    num_steps=1,
+):
+    # x_t = A x_{t-1} + eps_t, eps_t ~ N(0, Q), x_0 = initial_value (zero by default):
+    # a sum of T multivariate normal densities over the (T, d) event.
+    del num_steps
+    d = jnp.shape(transition_matrix)[-1]
+    if initial_value is None:
+        initial_value = jnp.zeros((d,), dtype=jnp.result_type(float))
+    start = jnp.broadcast_to(initial_value, jnp.shape(x)[:-2] + (d,))[..., None, :]
+    previous = jnp.concatenate([start, x[..., :-1, :]], axis=-2)
+    loc = jnp.einsum("ij,...tj->...ti", transition_matrix, previous)
+    return jnp.sum(_mvn(x, loc, covariance_matrix, precision_matrix, scale_tril), -1)
+
+
 _DENSITIES: dict[str, Callable] = {
     "Normal": _normal,
     "LogNormal": _log_normal,
@@ -173,6 +194,7 @@ _DENSITIES: dict[str, Callable] = {
     "MultinomialProbs": _multinomial_probs,
     "Wishart": _wishart,
     "GaussianRandomWalk": _gaussian_random_walk,
+    "GaussianStateSpace": _gaussian_state_space,
 }
 
 

@@ -15,7 +15,10 @@ Mean parameters are given in *value layout*: for a variable of shape
   ``E[x x^T]`` within a block; ``E[x^2]`` when the block is scalar),
 - Gamma: ``x``, ``log_x``; InverseGamma: ``inv_x``, ``log_x``;
   Beta: ``log_x``, ``log1m_x``; Dirichlet: ``log_x``; Bernoulli: ``x``;
-  Categorical: ``one_hot`` (shape ``value + (K,)``); Wishart: ``x``, ``log_det_x``.
+  Categorical: ``one_hot`` (shape ``value + (K,)``); Wishart: ``x``, ``log_det_x``;
+  chain Gaussian: ``x``, ``xx``, ``x_next`` (lag one); chain Categorical:
+  ``one_hot`` (T, K) and ``pair`` (T-1, K, K), the marginals and neighbouring
+  pairwise marginals of a discrete chain.
 
 Under mean-field, q factorises over variables and over the batch positions
 of each variable, so the expectation of a product of reads is the product of
@@ -50,6 +53,7 @@ from blrppl.symbolic.terms import (
 GAUSSIAN = "gaussian"
 POINT = "point"
 CHAIN = "chain_gaussian"
+CHAIN_CATEGORICAL = "chain_categorical"
 
 # (family kind, atom kind, power) -> statistic name, for single reads.
 _STATS = {
@@ -72,7 +76,8 @@ class VarInfo:
     """What the expectation needs to know about a variable's q.
 
     ``kind``: ``"gaussian"``, ``"gamma"``, ``"inverse_gamma"``, ``"beta"``,
-    ``"dirichlet"``, ``"bernoulli"``, ``"categorical"`` or ``"wishart"``.
+    ``"dirichlet"``, ``"bernoulli"``, ``"categorical"``, ``"wishart"``,
+    ``"chain_gaussian"`` or ``"chain_categorical"``.
     ``num_batch``: the leading axes of the value over which q factorises; the
     remaining axes form one block (a full covariance for a Gaussian).
     """
@@ -171,6 +176,8 @@ def _reads_for_var(
     nb = info.num_batch
     if info.kind == CHAIN:
         return _chain_reads(var, atoms, info, space, operands)
+    if info.kind == CHAIN_CATEGORICAL:
+        return _chain_categorical_reads(var, atoms, info, space, protected, operands)
     if info.kind == POINT:
         # A point mass: E[f(x)] = f(x) for every f, so reads never interact.
         return [(1.0, None, tuple(StatRead(var, _point_stat(a), a.index) for a in atoms))]
@@ -282,6 +289,94 @@ def _chain_reads(var: str, atoms: list[VarAtom], info: VarInfo, space: Labels, o
             time = first.index[0]
             safe = _clip_index(time, length - 2, space)
             read = StatRead(var, "x_next", (safe,) + first.index[1:] + second.index[1:])
+        out.append((1.0, operand, (read,)))
+    return out
+
+
+def _time_lags(a: Index, b: Index, space: Labels, operands=()):
+    """``t_b - t_a`` over the labels of two time indices, and where the term's operands do not vanish."""
+    labels: list = []
+    for idx in (a, b):
+        for lab in idx.labels:
+            if lab not in labels:
+                labels.append(lab)
+    ta, tb = _expand(a, labels, space), _expand(b, labels, space)
+    diff = np.broadcast_to(tb - ta, np.broadcast_shapes(ta.shape, tb.shape))
+    support = np.ones(diff.shape, bool)
+    for op in operands:
+        if op.labels and set(op.labels) <= set(labels):
+            support = support & (_expand_operand(op, labels) != 0)
+    return diff, support, labels
+
+
+def _chain_categorical_reads(var: str, atoms: list[VarAtom], info: VarInfo, space: Labels, protected=frozenset(), operands=()):
+    """Reads of a chain Categorical (time on axis 0, one category axis after it).
+
+    Statistics: ``one_hot`` = q(z_t = k) (T, K) and ``pair`` = q(z_t = j,
+    z_{t+1} = k) (T-1, K, K). A product of one-hot reads at one time is one
+    read (``one_hot_j one_hot_k = delta_jk one_hot_k``); at neighbouring times
+    it is a ``pair`` read (``trans[z_prev]`` in a scan body, the z0 -> z_1
+    link). Reads two or more steps apart are refused: q keeps no statistic
+    for them.
+    """
+    for atom in atoms:
+        if atom.kind != "one_hot" or atom.power != 1:
+            what = f"{atom.kind}({var!r})" if atom.kind != "x" else f"{var!r} ** {atom.power}"
+            raise NonConjugate(var, f"{what} is not a sufficient statistic of its chain Categorical q")
+    if any(not np.all(np.isfinite(np.asarray(op.array, float))) for op in operands):
+        raise NonConjugate(
+            var,
+            f"a zero probability (log 0 = -inf) weights the states of {var!r}, and its chain "
+            "Categorical q needs finite log potentials; replace exact zeros by a tiny probability "
+            "(e.g. 1e-30)",
+        )
+    if len(atoms) == 1:
+        return [(1.0, None, (StatRead(var, "one_hot", atoms[0].index),))]
+    if len(atoms) > 2:
+        raise NonConjugate(
+            var,
+            f"a product of {len(atoms)} one-hot reads of {var!r} (its chain Categorical q keeps "
+            "marginal and neighbouring-pair statistics only)",
+        )
+    a, b = atoms
+    if a.index[0].same_as(b.index[0]):
+        status, extra = _coincide(a.index[1:], b.index[1:], space, protected)
+        read = (StatRead(var, "one_hot", a.index),)
+        if status == "same":
+            return [(1.0, None, read)]
+        if status == "never":
+            return []
+        return [(1.0, extra, read)]
+    diff, support, labels = _time_lags(a.index[0], b.index[0], space, operands)
+    if np.any((np.abs(diff) >= 2) & support):
+        raise NonConjugate(
+            var,
+            f"a product of {var!r} at times two or more steps apart (its chain Categorical q keeps "
+            "marginal and neighbouring-pair statistics only)",
+        )
+    length = info.shape[0]
+    out = []
+    if np.any((diff == 0) & support):
+        # Same time at some positions only (a constant initial carry): there
+        # one_hot_j one_hot_k = delta_jk one_hot_k, a mask over time and categories.
+        status, equal = _coincide(a.index, b.index, space)
+        if status not in ("never", "mask"):
+            raise NonConjugate(var, f"a product of {var!r} at times that coincide at some positions only")
+        if status == "mask":
+            mask = _expand_operand(equal, list(equal.labels)) * _expand(
+                Index(tuple(labels), np.asarray(support, int)), list(equal.labels), space
+            )
+            if mask.any():
+                out.append((1.0, Operand(mask.astype(float), equal.labels), (StatRead(var, "one_hot", a.index),)))
+    for lag, first, second in ((1, a, b), (-1, b, a)):
+        mask = (diff == lag) & support
+        if not mask.any():
+            continue
+        # The mask keeps every time label of both reads in the term (the pair read
+        # names only the earlier time's).
+        operand = Operand(mask.astype(float), tuple(labels))
+        time = _clip_index(first.index[0], length - 2, space)
+        read = StatRead(var, "pair", (time, first.index[1], second.index[1]))
         out.append((1.0, operand, (read,)))
     return out
 

@@ -137,8 +137,13 @@ class Interpreter:
             env[v] = c if _is_symbolic(c) or _is_key(c) else np.asarray(c)
         for v, a in zip(jaxpr.invars, args):
             env[v] = a
-        for eqn in _live_equations(jaxpr):
+        live = _live_equations(jaxpr)
+        needed = {v for v in jaxpr.outvars if not isinstance(v, jex_core.Literal)}
+        for eqn in live:
+            needed.update(v for v in eqn.invars if not isinstance(v, jex_core.Literal))
+        for eqn in live:
             invals = [read(v) for v in eqn.invars]
+            self._used = [v in needed for v in eqn.outvars]  # read by rules that can skip outputs
             outvals = self._apply(eqn, invals)
             for v, out in zip(eqn.outvars, outvals):
                 env[v] = out
@@ -239,13 +244,13 @@ class Interpreter:
     # -- categorical indices -----------------------------------------------------
 
     def _rule_lt(self, eqn, x, y):
-        if _is_categorical(x) and not _is_symbolic(y) and np.all(np.asarray(y) <= 0):
+        if _is_index(x, self.space) and not _is_symbolic(y) and np.all(np.asarray(y) <= 0):
             return np.zeros(eqn.outvars[0].aval.shape, bool)
         var = _first_var(x) or _first_var(y)
         raise NonConjugate(var, f"a comparison involving the random value {var!r}")
 
     def _rule_ge(self, eqn, x, y):
-        if _is_categorical(x) and not _is_symbolic(y) and np.all(np.asarray(y) <= 0):
+        if _is_index(x, self.space) and not _is_symbolic(y) and np.all(np.asarray(y) <= 0):
             return np.ones(eqn.outvars[0].aval.shape, bool)
         var = _first_var(x) or _first_var(y)
         raise NonConjugate(var, f"a comparison involving the random value {var!r}")
@@ -310,6 +315,9 @@ class Interpreter:
         params = eqn.params
         num_consts, num_carry, length = params["num_consts"], params["num_carry"], params["length"]
         body = params["jaxpr"]
+        # Stacked outputs nobody reads (e.g. the scale of another site of the body) are
+        # not interpreted: a non-conjugate expression there must not fail this factor.
+        used_ys = list(getattr(self, "_used", [True] * len(eqn.outvars)))[num_carry:]
         var = next((_first_var(v) for v in invals if _is_symbolic(v)), None)
         if params.get("reverse"):
             raise NonConjugate(var, "a reversed scan over random values")
@@ -367,7 +375,7 @@ class Interpreter:
             finals = [None] * num_carry
             for k, n in zip(sorted(random_carry), new):
                 finals[k] = n[-1]
-            return finals, list(second[num_carry:])
+            return finals, [y for y, used in zip(second[num_carry:], used_ys) if used]
 
         closed = jax.make_jaxpr(
             lambda consts, init, xs, fs: program(consts, init, xs, fs)
@@ -378,7 +386,11 @@ class Interpreter:
             list(invals[:num_consts]) + list(invals[num_consts : num_consts + num_carry]) + list(invals[num_consts + num_carry :]) + list(fixed_stack),
         )
         finals = outs[: len(random_carry)]
-        ys = outs[len(random_carry) :]
+        read_ys = iter(outs[len(random_carry) :])
+        ys = [
+            next(read_ys) if used else np.zeros(v.aval.shape, v.aval.dtype)
+            for used, v in zip(used_ys, eqn.outvars[num_carry:])
+        ]
         carries = []
         random_order = sorted(random_carry)
         for k in range(num_carry):
@@ -432,7 +444,7 @@ class Interpreter:
             result = piece if result is None else algebra.add(result, piece, self.space)
         if result is None:
             return np.zeros(out_shape)
-        return result
+        return _merge_categorical(result, self.space)
 
     def _enumerate_gather(self, eqn, operand, indices):
         """``operand[z]`` for a categorical latent z: a selector over its categories."""
@@ -466,6 +478,7 @@ class Interpreter:
         coords = np.indices(out_shape) if out_shape else np.zeros((0,), int)
         batch_coords = tuple(coords[d] for d in batch_dims)
         ids_out = ids[batch_coords] if batch_coords else np.broadcast_to(ids, out_shape)
+        ids_out = _fill_constant_ids(ids_out)
         z_coords = unravel(ids_out, z_value_shape) if z_value_shape else ()
         z_index = tuple(
             simplify_index(Index(labels, np.asarray(c)), n) for c, n in zip(z_coords, z_value_shape)
@@ -474,6 +487,84 @@ class Interpreter:
             var, "one_hot", z_index + (Index((category_label,)),), sizes=tuple(z_value_shape) + (num,)
         )
         return Poly(out_shape, labels, extended.terms, extended.selectors + (selector,))
+
+
+def _is_index(value: Any, space: Labels) -> bool:
+    """A categorical latent as an index, possibly a constant (non-negative) one at some positions.
+
+    The second form is a scan's previous state when the initial carry is a
+    constant: ``[c, z_0, z_1, ...]``.
+    """
+    if _is_categorical(value):
+        return True
+    if not isinstance(value, Poly) or value.selectors or not value.terms:
+        return False
+    variables = set()
+    for term in value.terms:
+        if not term.atoms:
+            if any(np.any(np.asarray(op.array) < 0) for op in term.operands) or term.coeff < 0:
+                return False
+            continue
+        if len(term.atoms) != 1 or term.atoms[0].kind != "cat" or term.coeff != 1.0:
+            return False
+        variables.add(term.atoms[0].var)
+    return len(variables) == 1
+
+
+def _fill_constant_ids(ids: np.ndarray) -> np.ndarray:
+    """Element ids of a gather index, with constant positions (-1) given a neighbour's id.
+
+    Where an index is a constant, ``operand[c]`` is the same for every category
+    k, and the selector ``one_hot(z_p)_k`` sums to one over k whatever p is. A
+    nearby p (the next categorical position in C order, else the previous)
+    keeps the term's reads of z close in time, which a chain's q needs.
+    """
+    flat = np.asarray(ids).reshape(-1).copy()
+    known = np.flatnonzero(flat >= 0)
+    if known.size == 0 or known.size == flat.size:
+        return np.asarray(ids)
+    missing = np.flatnonzero(flat < 0)
+    after = np.searchsorted(known, missing)
+    nearest = known[np.minimum(after, known.size - 1)]
+    flat[missing] = flat[nearest]
+    return flat.reshape(np.shape(ids))
+
+
+def _merge_categorical(poly: Poly, space: Labels) -> Poly:
+    """Pieces of one categorical index joined by a structural primitive, as one index.
+
+    A scan's previous state is the initial state at step 0 and the stacked
+    states after it (a concatenation): terms ``mask_i * z[positions_i]`` whose
+    0/1 masks partition the output become one ``z[positions]``, so the result
+    can index (``trans[z_prev]``) like the variable itself. Anything else is
+    returned unchanged.
+    """
+    if not isinstance(poly, Poly) or len(poly.terms) < 2 or poly.selectors or not poly.shape:
+        return poly
+    own = set(poly.labels)
+    atoms = [t.atoms for t in poly.terms]
+    if any(len(a) != 1 or a[0].kind != "cat" or not a[0].labels <= own for a in atoms):
+        return poly
+    var, sizes = atoms[0][0].var, atoms[0][0].sizes
+    if any(a[0].var != var or a[0].sizes != sizes for a in atoms):
+        return poly
+    total = np.zeros(poly.shape)
+    for term in poly.terms:
+        if any(not set(op.labels) <= own for op in term.operands):
+            return poly
+        dense = np.full(poly.shape, term.coeff, float)
+        for op in term.operands:
+            dense = dense * _operand_dense(op, poly.labels, space)
+        if not np.all((dense == 0) | (dense == 1)):
+            return poly
+        total = total + dense
+    if not np.all(total == 1):
+        return poly
+    ids = _densify_categorical(poly, var, None, sizes, space)
+    coords = unravel(ids, sizes) if sizes else ()
+    index = tuple(simplify_index(Index(poly.labels, np.asarray(c)), n) for c, n in zip(coords, sizes))
+    atom = VarAtom(var, "cat", index, sizes=sizes)
+    return Poly(poly.shape, poly.labels, (Term(1.0, (), (atom,)),))
 
 
 def _densify_categorical(

@@ -68,3 +68,31 @@ def test_a_non_gaussian_transition_is_refused(rng_key):
 
     with pytest.raises(blrppl.ModelError, match="couples"):
         blrppl.NonConjugateVI(model).run(rng_key, 2, y=jnp.zeros(5), progress_bar=False)
+
+
+def hmm_halfnormal_scale(num_states=2, *, y=None):
+    with numpyro.plate("K", num_states):
+        trans = numpyro.sample("trans", dist.Dirichlet(jnp.ones(num_states)))
+        mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+    z0 = numpyro.sample("z0", dist.Categorical(jnp.ones(num_states) / num_states))
+
+    def transition(z_prev, y_t):
+        z = numpyro.sample("z", dist.Categorical(trans[z_prev]))
+        numpyro.sample("y", dist.Normal(mu[z], sigma), obs=y_t)
+        return z, None
+
+    scan(transition, z0, y)
+
+
+def test_hmm_with_a_halfnormal_scale_is_exact_in_the_chain_and_means(rng_key):
+    """The emission factor is conjugate in mu and the chain, not in sigma: hybrid site parameters."""
+    from models import hmm
+
+    _, kwargs = hmm.data()  # a sticky two-state chain, means -2 and 2, noise sd 0.5
+    result = blrppl.NonConjugateVI(hmm_halfnormal_scale).run(rng_key, 300, y=kwargs["y"], progress_bar=False, tol=1e-9)
+    assert result.estimators["y"] == "exact+quadrature" and result.estimators["z"] == "exact"
+    assert result.plan.qs["z"].family.name == "ChainCategorical"
+    np.testing.assert_allclose(np.sort(np.asarray(result.posterior["mu"].mean)), [-2.0, 2.0], atol=0.2)
+    np.testing.assert_allclose(float(result.posterior["sigma"].mean), 0.5, rtol=0.2)
+    assert np.all(np.diff(np.asarray(result.elbo)[5:]) > -1e-6)

@@ -108,6 +108,6 @@ def test_replay_of_a_discrete_chain():
     args, kwargs = entry.data()
     fg = blrppl.trace(entry.model, *args, **kwargs)
     z = jnp.arange(61) % 2
-    sites = replay(fg, {"z": z, "trans": jnp.full((2, 2), 0.5), "mu": jnp.zeros(2), "sigma": 1.0})
+    sites = replay(fg, {"z": z, "trans": jnp.full((2, 2), 0.5), "mu": jnp.zeros(2), "tau": jnp.ones(2)})
     assert int(sites["z0"].value) == 0
     np.testing.assert_array_equal(sites["z"].value, z[1:])
