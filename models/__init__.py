@@ -15,19 +15,24 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 from models import (
+    ar1,
     beta_bernoulli,
     eight_schools_centered,
     eight_schools_noncentered,
     gamma_poisson,
     gaussian_mixture,
     hmm,
+    linear_gaussian_ssm,
     linear_regression,
     local_level_grw,
     local_level_scan,
+    local_linear_trend,
     logistic_regression,
+    nile,
     normal_mean_precision,
     poisson_regression,
     radon,
+    stochastic_volatility,
 )
 
 
@@ -58,6 +63,11 @@ ZOO: dict[str, ZooModel] = {
         ("radon", radon),
         ("local_level_grw", local_level_grw),
         ("local_level_scan", local_level_scan),
+        ("nile", nile),
+        ("local_linear_trend", local_linear_trend),
+        ("ar1", ar1),
+        ("linear_gaussian_ssm", linear_gaussian_ssm),
+        ("stochastic_volatility", stochastic_volatility),
         ("logistic_regression", logistic_regression),
         ("poisson_regression", poisson_regression),
     ]

@@ -25,7 +25,9 @@ import jax.numpy as jnp
 from blrppl.families import (
     BERNOULLI,
     CHAIN_GAUSSIAN,
+    CHAIN_GAUSSIAN_PARALLEL,
     SCALAR_CHAIN_GAUSSIAN,
+    SCALAR_CHAIN_GAUSSIAN_PARALLEL,
     BETA,
     CATEGORICAL,
     DIRICHLET,
@@ -39,7 +41,8 @@ from blrppl.families import (
     NormalStats,
 )
 from blrppl.errors import ModelError
-from blrppl.symbolic.expectation import CHAIN, GAUSSIAN, VarInfo
+from blrppl.families import CHAIN_CATEGORICAL as CHAIN_CATEGORICAL_FAMILY
+from blrppl.symbolic.expectation import CHAIN, CHAIN_CATEGORICAL, GAUSSIAN, VarInfo
 
 _KINDS = {
     "Gamma": (GAMMA, "gamma"),
@@ -90,6 +93,8 @@ class VariableQ:
         shape = self.shape
         if self.kind == "categorical":
             return VarInfo("categorical", shape, len(shape), self.num_categories)
+        if self.kind == CHAIN_CATEGORICAL:
+            return VarInfo(CHAIN_CATEGORICAL, shape, 1, self.num_categories)
         return VarInfo(self.kind, shape, self.num_batch)
 
     # -- layouts --------------------------------------------------------------
@@ -132,6 +137,9 @@ class VariableQ:
 
     def example_natural(self) -> Any:
         """Natural parameters with the right shapes (a standard member)."""
+        if self.kind == CHAIN_CATEGORICAL:
+            length, k = self.shape[0], self.num_categories
+            return self.family.stats_type(one_hot=jnp.zeros((length, k)), pair=jnp.zeros((length - 1, k, k)))
         if self.kind == CHAIN:
             length, state = self.shape[0], self.shape[1:]
             if not state:
@@ -166,15 +174,27 @@ def variable_q(node: Any, plates: dict, family_override: Optional[str] = None) -
       family_override: a family name that replaces ``node.family``.
     """
     name = family_override or node.family
-    if name == "ChainGaussian":
+    if name in ("ChainGaussian", "ChainGaussianParallel"):
+        # "ChainGaussianParallel": the same q, its passes by associative scan (O(log T) depth).
         state = tuple(node.chain.state_shape) if node.chain is not None else tuple(node.shape[1:])
-        if node.transform is not None or len(state) > 1 or (node.chain is not None and node.chain.time_axis != 0):
+        if node.chain is not None and node.chain.time_axis != 0:
             raise ModelError(
-                f"site {node.name!r}: a chain with states of shape {state} on a transformed space or "
-                "with time on another axis is not supported; write states as vectors, time first."
+                f"site {node.name!r}: {math.prod(node.shape[: node.chain.time_axis])} chains side by side "
+                f"(batch shape {tuple(node.shape[: node.chain.time_axis])} before the time axis) are not "
+                "supported; fit one chain per model, or stack the series into the state vector of one chain."
             )
-        family = SCALAR_CHAIN_GAUSSIAN if not state else CHAIN_GAUSSIAN
+        if node.transform is not None or len(state) > 1:
+            raise ModelError(
+                f"site {node.name!r}: a chain with states of shape {state} on a transformed space is not "
+                "supported; write each state as a vector (time first), on the real line."
+            )
+        if name == "ChainGaussianParallel":
+            family = SCALAR_CHAIN_GAUSSIAN_PARALLEL if not state else CHAIN_GAUSSIAN_PARALLEL
+        else:
+            family = SCALAR_CHAIN_GAUSSIAN if not state else CHAIN_GAUSSIAN
         return VariableQ(node.name, family, CHAIN, tuple(node.shape), 1)
+    if name == "ChainCategorical":
+        return _chain_categorical_q(node)
     transform = node.transform
     shape = tuple(node.shape)
     if transform is not None:
@@ -206,6 +226,25 @@ def variable_q(node: Any, plates: dict, family_override: Optional[str] = None) -
         num_categories = _num_categories(node)
         return VariableQ(node.name, family, kind, shape, len(shape), transform, num_categories)
     return VariableQ(node.name, family, kind, shape, len(shape) - family.event_ndim, transform)
+
+
+def _chain_categorical_q(node: Any) -> VariableQ:
+    """The q of a discrete chain (an HMM's states): time on axis 0, scalar states."""
+    chain = node.chain
+    state = tuple(chain.state_shape) if chain is not None else tuple(node.shape[1:])
+    if state or (chain is not None and chain.time_axis != 0):
+        raise ModelError(
+            f"site {node.name!r}: a discrete chain with states of shape {state} (several chains "
+            "side by side, or time on another axis) is not supported yet; write one scalar state "
+            "per scan step (a separate model per sequence)."
+        )
+    if node.shape[0] < 2:
+        raise ModelError(
+            f"site {node.name!r}: a discrete chain of length {node.shape[0]} has no transitions; "
+            "sample the state as an ordinary Categorical site."
+        )
+    num_categories = _num_categories(node)
+    return VariableQ(node.name, CHAIN_CATEGORICAL_FAMILY, CHAIN_CATEGORICAL, tuple(node.shape), 1, None, num_categories)
 
 
 def _num_categories(node: Any) -> int:

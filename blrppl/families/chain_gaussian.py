@@ -25,8 +25,12 @@ Two equivalent algorithms compute A and μ (``method=``):
   same objects in moment form.
 
 ``CHAIN_GAUSSIAN`` uses the sequential pass, ``CHAIN_GAUSSIAN_PARALLEL`` the
-parallel one; the module functions take ``method=`` directly. Any leading
-dimensions of the statistics are batch dimensions (``vmap``-ed).
+parallel one; the module functions take ``method=`` directly (engines select
+the parallel one with ``families={site: "ChainGaussianParallel"}``). Any leading
+dimensions of the statistics are batch dimensions (``vmap``-ed). Blocks of
+d <= ``SMALL_BLOCK`` are factored with unrolled elementwise arithmetic instead
+of per-step LAPACK calls, and scalar chains (d = 1) run on (T,) arrays: a
+local level's smoother then costs about as much as a plain Kalman filter pass.
 
 The backward pass writes q as a backward Markov chain,
 
@@ -49,7 +53,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
-from jax.scipy.linalg import cho_solve, solve_triangular
+from jax.scipy.linalg import cho_solve as _lapack_cho_solve
+from jax.scipy.linalg import solve_triangular
 from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
@@ -112,6 +117,73 @@ def _mT(matrix: Array) -> Array:
     return jnp.swapaxes(matrix, -1, -2)
 
 
+# Small-block linear algebra. The passes factor one d x d block per time step
+# inside ``lax.scan``; LAPACK calls there cost microseconds each for the tiny
+# blocks of state-space models (d = 1, 2, 3), far more than the arithmetic, so
+# blocks up to ``SMALL_BLOCK`` use Cholesky and substitution unrolled into
+# elementwise jnp operations (which XLA fuses); larger blocks use LAPACK.
+
+SMALL_BLOCK = 4
+
+
+def _cholesky(matrix: Array) -> Array:
+    """Lower Cholesky factor over the last two axes (NaN where not positive definite)."""
+    d = matrix.shape[-1]
+    if d > SMALL_BLOCK:
+        return jnp.linalg.cholesky(matrix)
+    if d == 1:
+        return jnp.sqrt(matrix)
+    low = [[None] * d for _ in range(d)]
+    for j in range(d):
+        diag = matrix[..., j, j] - sum((low[j][k] ** 2 for k in range(j)), 0.0)
+        low[j][j] = jnp.sqrt(diag)
+        for i in range(j + 1, d):
+            off = matrix[..., i, j] - sum((low[i][k] * low[j][k] for k in range(j)), 0.0)
+            low[i][j] = off / low[j][j]
+    zero = jnp.zeros_like(low[0][0])
+    return jnp.stack(
+        [jnp.stack([low[i][j] if j <= i else zero for j in range(d)], -1) for i in range(d)], -2
+    )
+
+
+def _solve_lower(chol: Array, rhs: Array, transpose: bool = False) -> Array:
+    """Solve L X = B (or Lᵀ X = B) for lower-triangular L (..., d, d), B (..., d, k)."""
+    d = chol.shape[-1]
+    if d > SMALL_BLOCK:
+        return solve_triangular(_mT(chol) if transpose else chol, rhs, lower=not transpose)
+    # Row i of Lᵀ is column i of L: substitute backwards through the columns.
+    factor = _mT(chol) if transpose else chol
+    rows: list = [None] * d
+    order = range(d - 1, -1, -1) if transpose else range(d)
+    for i in order:
+        done = range(i + 1, d) if transpose else range(i)
+        row = rhs[..., i, :] - sum((factor[..., i, k][..., None] * rows[k] for k in done), 0.0)
+        rows[i] = row / chol[..., i, i][..., None]
+    return jnp.stack(rows, -2)
+
+
+def _cho_solve(factor: tuple[Array, bool], rhs: Array) -> Array:
+    """``jax.scipy.linalg.cho_solve`` for a lower factor, unrolled for small blocks."""
+    chol, lower = factor
+    if chol.shape[-1] > SMALL_BLOCK or not lower:
+        return _lapack_cho_solve(factor, rhs)
+    return _solve_lower(chol, _solve_lower(chol, rhs), transpose=True)
+
+
+def _cholesky_inverse(chol: Array) -> Array:
+    """M⁻¹ from the lower Cholesky factor of M, symmetrised."""
+    eye = jnp.broadcast_to(jnp.eye(chol.shape[-1], dtype=chol.dtype), chol.shape)
+    inv_chol = _solve_lower(chol, eye)
+    return _mT(inv_chol) @ inv_chol
+
+
+def _positive_definite(matrix: Array) -> Array:
+    """Batch-shaped bool: the symmetric part of ``matrix`` is positive definite."""
+    chol = _cholesky(_util.symmetrize(matrix))
+    finite = jnp.all(jnp.isfinite(chol), axis=(-2, -1))
+    return finite & jnp.all(jnp.diagonal(chol, axis1=-2, axis2=-1) > 0, axis=-1)
+
+
 def _blocks(natural: ChainGaussianStats) -> tuple[Array, Array, Array]:
     """Return (h (T, d), J_tt (T, d, d), J_{t,t+1} (T-1, d, d)) of one chain."""
     return natural.x, -(natural.xx + _mT(natural.xx)), -natural.x_next
@@ -124,8 +196,8 @@ def _forward_sequential(h: Array, j_diag: Array, j_off: Array) -> tuple[Array, A
     def step(carry, inputs):
         p_prev, h_prev = carry
         j_next, h_next, j_cross = inputs
-        chol = jnp.linalg.cholesky(p_prev)
-        gain = cho_solve((chol, True), j_cross)  # P_t⁻¹ J_{t,t+1}
+        chol = _cholesky(p_prev)
+        gain = _cho_solve((chol, True), j_cross)  # P_t⁻¹ J_{t,t+1}
         p_new = _util.symmetrize(j_next - _mT(j_cross) @ gain)
         h_new = h_next - _mT(gain) @ h_prev
         return (p_new, h_new), (p_new, h_new)
@@ -157,10 +229,10 @@ def _combine_potentials(first: _Potential, second: _Potential) -> _Potential:
     c = c₂ - B₂ᵀS⁻¹r (the role of the filtering-element combination of
     Särkkä & García-Fernández 2021, here in information form).
     """
-    chol = jnp.linalg.cholesky(_util.symmetrize(first.C + second.A))
+    chol = _cholesky(_util.symmetrize(first.C + second.A))
     r = first.c + second.a
     rhs = jnp.concatenate([_mT(first.B), second.B, r[..., None]], axis=-1)
-    sol = cho_solve((chol, True), rhs)
+    sol = _cho_solve((chol, True), rhs)
     d = first.A.shape[-1]
     s_b1, s_b2, s_r = sol[..., :d], sol[..., d : 2 * d], sol[..., 2 * d]
     return _Potential(
@@ -197,9 +269,9 @@ def _backward_chain(natural: ChainGaussianStats, method: str):
     h, j_diag, j_off = _blocks(natural)
     forward = _forward_parallel if method == "parallel" else _forward_sequential
     pivots, h_tilde = forward(h, j_diag, j_off)
-    chol = jnp.linalg.cholesky(pivots)
-    offsets = cho_solve((chol, True), h_tilde[..., None])[..., 0]
-    gains = -cho_solve((chol[:-1], True), j_off)
+    chol = _cholesky(pivots)
+    offsets = _cho_solve((chol, True), h_tilde[..., None])[..., 0]
+    gains = -_cho_solve((chol[:-1], True), j_off)
     gains = jnp.concatenate([gains, jnp.zeros_like(gains[:1])])
     num_steps, d = h.shape
     log_norm = (
@@ -227,7 +299,7 @@ def _smooth(chol: Array, gains: Array, offsets: Array, method: str):
     m_t = G_t m_{t+1} + b_t and Σ_t = G_t Σ_{t+1} G_tᵀ + P_t⁻¹ (the RTS recursion
     in backward-chain form; the smoothing elements of Särkkä & García-Fernández 2021).
     """
-    cond_cov = _util.cholesky_inverse(chol)
+    cond_cov = _cholesky_inverse(chol)
     if method == "parallel":
         _, means, covs = jax.lax.associative_scan(
             _affine_compose, (gains, offsets, cond_cov), reverse=True
@@ -251,9 +323,103 @@ def _smooth(chol: Array, gains: Array, offsets: Array, method: str):
     return means, covs, cross
 
 
+# Scalar states (d = 1): the same passes on (T,) arrays, every block a number.
+# They are the hot path of local level models, and plain arithmetic keeps both
+# the sequential loop and the associative-scan graph small.
+
+
+def _is_scalar(natural: ChainGaussianStats) -> bool:
+    return natural.x.shape[-1] == 1
+
+
+def _scalar_blocks(natural: ChainGaussianStats) -> tuple[Array, Array, Array]:
+    """(h_t, J_tt, J_{t,t+1}) of one chain of scalars, shapes (T,), (T,), (T-1,)."""
+    return natural.x[:, 0], -2.0 * natural.xx[:, 0, 0], -natural.x_next[:, 0, 0]
+
+
+def _forward_scalar(h: Array, j_diag: Array, j_off: Array, method: str) -> tuple[Array, Array]:
+    """Pivots P_t and h̃_t for d = 1 (see the module docstring)."""
+    if method == "parallel":
+        # The pairwise potentials of ``_forward_parallel`` with 1 x 1 blocks.
+        def combine(first, second):
+            a1, b1, c1, u1, v1 = first
+            a2, b2, c2, u2, v2 = second
+            s, r = c1 + a2, v1 + u2
+            return (a1 - b1 * b1 / s, -b1 * b2 / s, c2 - b2 * b2 / s, u1 - b1 * r / s, v2 - b2 * r / s)
+
+        zeros = jnp.zeros_like(h)
+        couplings = jnp.concatenate([jnp.zeros_like(h[:1]), j_off])
+        prefixes = jax.lax.associative_scan(combine, (zeros, couplings, j_diag, zeros, h))
+        return prefixes[2], prefixes[4]
+
+    def step(carry, inputs):
+        p_prev, h_prev = carry
+        j_next, h_next, j_cross = inputs
+        gain = j_cross / p_prev  # P_t⁻¹ J_{t,t+1}
+        p_new, h_new = j_next - j_cross * gain, h_next - gain * h_prev
+        return (p_new, h_new), (p_new, h_new)
+
+    _, (p_rest, h_rest) = jax.lax.scan(step, (j_diag[0], h[0]), (j_diag[1:], h[1:], j_off))
+    return jnp.concatenate([j_diag[:1], p_rest]), jnp.concatenate([h[:1], h_rest])
+
+
+def _backward_scalar(natural: ChainGaussianStats, method: str):
+    """:func:`_backward_chain` for d = 1: (pivots P_t, gains, offsets, A(λ)), shapes (T,) and ()."""
+    h, j_diag, j_off = _scalar_blocks(natural)
+    pivots, h_tilde = _forward_scalar(h, j_diag, j_off, method)
+    offsets = h_tilde / pivots
+    gains = jnp.concatenate([-j_off / pivots[:-1], jnp.zeros_like(pivots[:1])])
+    log_norm = (
+        0.5 * jnp.sum(h_tilde * offsets)
+        - 0.5 * jnp.sum(jnp.log(pivots))
+        + 0.5 * h.shape[0] * math.log(2 * math.pi)
+    )
+    return pivots, gains, offsets, log_norm
+
+
+def _smooth_scalar(pivots: Array, gains: Array, offsets: Array, method: str):
+    """:func:`_smooth` for d = 1: means, variances (T,) and Cov(x_t, x_{t+1}) (T-1,)."""
+    cond_var = 1.0 / pivots
+    if method == "parallel":
+
+        def compose(later, earlier):
+            g_l, b_l, q_l = later
+            g_e, b_e, q_e = earlier
+            return g_e * g_l, g_e * b_l + b_e, g_e * g_e * q_l + q_e
+
+        _, means, variances = jax.lax.associative_scan(
+            compose, (gains, offsets, cond_var), reverse=True
+        )
+    else:
+
+        def step(carry, inputs):
+            mean_next, var_next = carry
+            gain, offset, q = inputs
+            mean, var = gain * mean_next + offset, gain * gain * var_next + q
+            return (mean, var), (mean, var)
+
+        last = (offsets[-1], cond_var[-1])
+        _, (means, variances) = jax.lax.scan(
+            step, last, (gains[:-1], offsets[:-1], cond_var[:-1]), reverse=True
+        )
+        means = jnp.concatenate([means, offsets[-1:]])
+        variances = jnp.concatenate([variances, cond_var[-1:]])
+    return means, variances, gains[:-1] * variances[1:]
+
+
 def _moments_one(natural: ChainGaussianStats, method: str):
+    if _is_scalar(natural):
+        pivots, gains, offsets, _ = _backward_scalar(natural, method)
+        means, variances, cross = _smooth_scalar(pivots, gains, offsets, method)
+        return means[:, None], variances[:, None, None], cross[:, None, None]
     chol, gains, offsets, _ = _backward_chain(natural, method)
     return _smooth(chol, gains, offsets, method)
+
+
+def _log_normalizer_one(natural: ChainGaussianStats, method: str) -> Array:
+    if _is_scalar(natural):
+        return _backward_scalar(natural, method)[3]
+    return _backward_chain(natural, method)[3]
 
 
 def moments(natural: ChainGaussianStats, method: str = "sequential"):
@@ -298,7 +464,7 @@ def log_normalizer(natural: ChainGaussianStats, method: str = "sequential") -> A
         2.063668
     """
     _check_method(method)
-    fn = lambda n: _backward_chain(n, method)[3]
+    fn = partial(_log_normalizer_one, method=method)
     return vmap_over_batch(fn, natural, _STATS_NDIM, _batch_shape(natural))
 
 
@@ -320,8 +486,8 @@ def _markov_from_moments(means: Array, covs: Array, cross: Array) -> dict[str, A
     x_{t+1} | x_t ~ N(F_t x_t + u_t, Q_t),  F_t = C_tᵀ Σ_t⁻¹,  u_t = m_{t+1} - F_t m_t,
     Q_t = Σ_{t+1} - F_t C_t.
     """
-    chol = jnp.linalg.cholesky(covs[..., :-1, :, :])
-    trans = _mT(cho_solve((chol, True), cross))
+    chol = _cholesky(covs[..., :-1, :, :])
+    trans = _mT(_cho_solve((chol, True), cross))
     return {
         "initial_mean": means[..., 0, :],
         "initial_covariance": covs[..., 0, :, :],
@@ -339,8 +505,8 @@ def _from_markov(
     transition_covariances: Array,
 ) -> ChainGaussianStats:
     """λ of x_1 ~ N(m, Σ), x_{t+1} = F_t x_t + u_t + N(0, Q_t); shapes broadcast over (..., T-1)."""
-    prior_prec = _util.cholesky_inverse(jnp.linalg.cholesky(initial_covariance))
-    noise_prec = _util.cholesky_inverse(jnp.linalg.cholesky(transition_covariances))
+    prior_prec = _cholesky_inverse(_cholesky(initial_covariance))
+    noise_prec = _cholesky_inverse(_cholesky(transition_covariances))
     f_t_q = _mT(transition_matrices) @ noise_prec  # F_tᵀ Q_t⁻¹
     first_diag = prior_prec[..., None, :, :]
     first_lin = _mv(prior_prec, initial_mean)[..., None, :]
@@ -558,10 +724,16 @@ def _sample_one(
     rng_key: PRNGKey, natural: ChainGaussianStats, num: int, method: str
 ) -> Array:
     """Backward sampling: x_T ~ N(b_T, P_T⁻¹), x_t = G_t x_{t+1} + b_t + L_t⁻ᵀ ε_t."""
-    chol, gains, offsets, _ = _backward_chain(natural, method)
-    eps = jax.random.normal(rng_key, (num,) + offsets.shape, offsets.dtype)
-    noise = solve_triangular(_mT(chol), eps[..., None], lower=False)[..., 0]
-    drift = offsets + noise  # (num, T, d)
+    if _is_scalar(natural):
+        pivots, gains, offsets, _ = _backward_scalar(natural, method)
+        eps = jax.random.normal(rng_key, (num,) + offsets.shape + (1,), offsets.dtype)
+        drift = (offsets + eps[..., 0] / jnp.sqrt(pivots))[..., None]  # (num, T, 1)
+        gains = gains[:, None, None]
+    else:
+        chol, gains, offsets, _ = _backward_chain(natural, method)
+        eps = jax.random.normal(rng_key, (num,) + offsets.shape, offsets.dtype)
+        noise = _solve_lower(chol, eps[..., None], transpose=True)[..., 0]
+        drift = offsets + noise  # (num, T, d)
     if method == "parallel":
 
         def compose(later, earlier):
@@ -611,11 +783,19 @@ def is_valid(natural: ChainGaussianStats) -> Array:
 
     def one(nat):
         finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(leaf)) for leaf in nat]))
+        if _is_scalar(nat):
+            pivots, _ = _forward_scalar(*_scalar_blocks(nat), "sequential")
+            return finite & jnp.all(pivots > 0)
         h, j_diag, j_off = _blocks(nat)
         pivots, _ = _forward_sequential(h, j_diag, j_off)
-        return finite & jnp.all(_util.is_positive_definite(pivots))
+        return finite & jnp.all(_positive_definite(pivots))
 
     return vmap_over_batch(one, natural, _STATS_NDIM, _batch_shape(natural))
+
+
+# The distribution's moments are read eagerly (``result.posterior[...].mean``):
+# one compiled pass per chain shape instead of op-by-op dispatch of the scans.
+_compiled_moments = jax.jit(moments, static_argnames="method")
 
 
 class ChainGaussianDistribution(dist.Distribution):
@@ -658,15 +838,15 @@ class ChainGaussianDistribution(dist.Distribution):
 
     @property
     def mean(self):
-        return moments(self.natural, self.method)[0]
+        return _compiled_moments(self.natural, self.method)[0]
 
     @property
     def marginal_covariance(self):
-        return moments(self.natural, self.method)[1]
+        return _compiled_moments(self.natural, self.method)[1]
 
     @property
     def lag_one_covariance(self):
-        return moments(self.natural, self.method)[2]
+        return _compiled_moments(self.natural, self.method)[2]
 
     @property
     def variance(self):

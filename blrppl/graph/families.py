@@ -17,7 +17,9 @@ Categorical         ``"Categorical"`` (and any other finite discrete prior,
 Bernoulli           ``"Bernoulli"``
 Wishart             ``"Wishart"``
 GaussianRandomWalk, ``"ChainGaussian"`` (also Gaussian chains written with
-GaussianStateSpace  ``scan``; discrete ones get ``"ChainCategorical"``)
+GaussianStateSpace  ``scan``; discrete ones get ``"ChainCategorical"``);
+                    ``families={site: "ChainGaussianParallel"}`` selects the
+                    parallel-in-time (associative scan) smoother
 anything else       ``"Normal"`` / ``"MultivariateNormal"`` on the
                     unconstrained space, with ``transform = biject_to(support)``
 ==================  ==========================================================
@@ -38,7 +40,9 @@ from numpyro.distributions.transforms import biject_to
 from blrppl.errors import site_error
 
 GAUSSIAN_FAMILIES = ("Normal", "MultivariateNormal", "DiagonalNormal")
-CHAIN_FAMILIES = ("ChainGaussian", "ChainCategorical")
+# "ChainGaussianParallel" is the chain Gaussian whose smoother runs as an
+# associative scan (Sarkka & Garcia-Fernandez 2021): same q, O(log T) depth.
+CHAIN_FAMILIES = ("ChainGaussian", "ChainGaussianParallel", "ChainCategorical")
 
 # Families whose values live in one fixed support; an override to one of these
 # must match the site's support exactly.
@@ -188,13 +192,12 @@ def override_family(
             )
         return _gaussian(fn, family)
     if family in CHAIN_FAMILIES:
-        fits = chain and (
-            is_real(support) if family == "ChainGaussian" else is_finite_discrete(support)
-        )
+        gaussian = family.startswith("ChainGaussian")
+        fits = chain and (is_real(support) if gaussian else is_finite_discrete(support))
         if not fits:
             raise site_error(
                 name,
-                f"family {family!r} needs a {'real' if family == 'ChainGaussian' else 'discrete'} "
+                f"family {family!r} needs a {'real' if gaussian else 'discrete'} "
                 f"latent chain, and this site is not one (support {support})",
                 "use it only on GaussianRandomWalk, GaussianStateSpace or scan chains",
             )

@@ -75,19 +75,18 @@ EXPECTED = {
         variables={
             "trans": ("Dirichlet", (2, 2), ("K",)),
             "mu": ("Normal", (2,), ("K",)),
-            "sigma": ("Normal", (), ()),
+            "tau": ("Gamma", (2,), ("K",)),
             "z": ("ChainCategorical", (61,), ()),
         },
         factors={
             "trans": ("prior", ("trans",), ("K",)),
             "mu": ("prior", ("mu",), ("K",)),
-            "sigma": ("prior", ("sigma",), ()),
+            "tau": ("prior", ("tau",), ("K",)),
             "z0": ("prior", ("z",), ()),
             "z": ("prior", ("z", "trans"), ()),
-            "y": ("likelihood", ("mu", "sigma", "z"), ()),
+            "y": ("likelihood", ("mu", "tau", "z"), ()),
         },
         plates={"K": (2, 2)},
-        transformed=frozenset({"sigma"}),
         chains={"z": (("z0", "z"), 61, "scan")},
     ),
     "eight_schools_centered": Expected(
@@ -172,6 +171,48 @@ EXPECTED = {
         transformed=frozenset({"sigma_level", "sigma_obs"}),
         chains={"level": (("level0", "level"), 51, "scan")},
     ),
+    "nile": Expected(
+        variables={"level": ("ChainGaussian", (101,), ())},
+        factors={
+            "level0": ("prior", ("level",), ()),
+            "level": ("prior", ("level",), ()),
+            "y": ("likelihood", ("level",), ()),
+        },
+        chains={"level": (("level0", "level"), 101, "scan")},
+    ),
+    "local_linear_trend": Expected(
+        variables={"state": ("ChainGaussian", (81, 2), ())},
+        factors={
+            "state0": ("prior", ("state",), ()),
+            "state": ("prior", ("state",), ()),
+            "y": ("likelihood", ("state",), ()),
+        },
+        chains={"state": (("state0", "state"), 81, "scan")},
+    ),
+    "ar1": Expected(
+        variables={"x": ("ChainGaussian", (201,), ())},
+        factors={
+            "x0": ("prior", ("x",), ()),
+            "x": ("prior", ("x",), ()),
+            "y": ("likelihood", ("x",), ()),
+        },
+        chains={"x": (("x0", "x"), 201, "scan")},
+    ),
+    "linear_gaussian_ssm": Expected(
+        variables={"x": ("ChainGaussian", (60, 2), ())},
+        factors={"x": ("prior", ("x",), ()), "y": ("likelihood", ("x",), ("time",))},
+        plates={"time": (60, 60)},
+        chains={"x": (("x",), 60, "GaussianStateSpace")},
+    ),
+    "stochastic_volatility": Expected(
+        variables={"h": ("ChainGaussian", (61,), ())},
+        factors={
+            "h0": ("prior", ("h",), ()),
+            "h": ("prior", ("h",), ()),
+            "y": ("likelihood", ("h",), ()),
+        },
+        chains={"h": (("h0", "h"), 61, "scan")},
+    ),
     "logistic_regression": Expected(
         variables={"beta": ("MultivariateNormal", (3,), ())},
         factors={"beta": ("prior", ("beta",), ()), "y": ("likelihood", ("beta",), ("N",))},
@@ -228,9 +269,13 @@ def test_zoo_graph(name, graphs):
         assert False in verdicts
 
 
-FULLY_CONJUGATE = {"beta_bernoulli", "gamma_poisson", "normal_mean_precision", "linear_regression", "gaussian_mixture"}
+FULLY_CONJUGATE = {
+    "beta_bernoulli", "gamma_poisson", "normal_mean_precision", "linear_regression", "gaussian_mixture",
+    "nile", "local_linear_trend", "ar1", "linear_gaussian_ssm",
+}
 HAS_NON_CONJUGATE = {
-    "eight_schools_centered", "eight_schools_noncentered", "radon", "logistic_regression", "poisson_regression"
+    "eight_schools_centered", "eight_schools_noncentered", "radon", "logistic_regression", "poisson_regression",
+    "stochastic_volatility",
 }
 
 
