@@ -178,15 +178,23 @@ class BLRResult(NamedTuple):
         return to_arviz(self, rng_key, num_samples, posterior_predictive=posterior_predictive)
 
     def guide(self) -> Callable:
-        """A NumPyro guide drawing every latent site from q (for ``Predictive``)."""
+        """A NumPyro guide drawing every latent site from q (for ``Predictive``).
+
+        Fitted ``numpyro.param`` values (EM) are ``param`` sites of the guide,
+        so ``Predictive(model, guide=...)`` uses them without ``params=``.
+        """
         posterior = self.posterior
         graph = self.graph
         blocks = {v: q for v, q in self.plan.qs.items() if getattr(q.transform, "sites", None) is not None}
         joint = {v: q.family.to_numpyro(self.state.natural[v]) for v, q in blocks.items()}
         members = {site for q in blocks.values() for site in q.transform.sites}
 
+        fitted = self.params
+
         def guide(*args: Any, **kwargs: Any) -> None:
             del args, kwargs
+            for name, value in fitted.items():  # EM's point estimates reach the model through Predictive
+                numpyro.param(name, value)
             for v, q in blocks.items():
                 flat = numpyro.sample(f"_blrppl_{v}", joint[v], infer={"is_auxiliary": True})
                 for site, value in q.transform(flat).items():

@@ -293,7 +293,7 @@ def test_forecast_past_the_data_through_predictive_with_the_guide(nile_em):
     horizon, num_samples = 5, 20000
     engine = blrppl.EM(nile.model)
     predictive = numpyro.infer.Predictive(
-        nile.model, guide=engine.guide(nile_em), params=nile_em.params, num_samples=num_samples
+        nile.model, guide=engine.guide(nile_em), num_samples=num_samples  # the guide carries the MLEs
     )
     draws = predictive(jax.random.key(1), y=jnp.asarray(Y), future=horizon)
     assert draws["level_future"].shape == (num_samples, horizon)
