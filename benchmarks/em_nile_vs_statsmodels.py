@@ -57,9 +57,9 @@ def em(y):
     analysis = time.perf_counter() - start
     algorithm = engine.build(plan)
     start = time.perf_counter()
-    jax.block_until_ready(run(algorithm, jax.random.key(0), 2000, tol=TOL, progress_bar=False))
+    jax.block_until_ready(run(algorithm, jax.random.key(0), 2000, plan.arrays, tol=TOL, progress_bar=False))
     first = time.perf_counter() - start
-    fit, (state, elbo) = best_of(lambda: run(algorithm, jax.random.key(0), 2000, tol=TOL, progress_bar=False))
+    fit, (state, elbo) = best_of(lambda: run(algorithm, jax.random.key(0), 2000, plan.arrays, tol=TOL, progress_bar=False))
     params = (float(state.params["obs_var"]), float(state.params["level_var"]))
     return analysis, first, fit, len(elbo), float(elbo[-1]), params
 

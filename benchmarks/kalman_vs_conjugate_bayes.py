@@ -93,10 +93,10 @@ def conjugate_bayes(y, family):
     analysis = time.perf_counter() - start
     algorithm = engine.build(plan)
     start = time.perf_counter()
-    state, elbo = run(algorithm, jax.random.key(0), 1, progress_bar=False)
+    state, elbo = run(algorithm, jax.random.key(0), 1, plan.arrays, progress_bar=False)
     jax.block_until_ready(state)
     first = time.perf_counter() - start
-    fit = best_time(lambda: run(algorithm, jax.random.key(0), 1, progress_bar=False), repeats=5)
+    fit = best_time(lambda: run(algorithm, jax.random.key(0), 1, plan.arrays, progress_bar=False), repeats=5)
     start_state = algorithm.init(jax.random.key(0))
     init = best_time(lambda: algorithm.init(jax.random.key(0)), repeats=5)
     step = jax.jit(algorithm.step)

@@ -17,7 +17,8 @@ import numpyro
 import numpyro.distributions as dist
 
 import blrppl
-from blrppl.blr.build import mean_params
+from blrppl.blr import driver
+from blrppl.blr.elbo import mean_params
 from benchmarks._timing import best_time, table
 
 N = 1_000_000
@@ -34,18 +35,18 @@ def main() -> None:
     y = jnp.asarray(np.random.default_rng(0).normal(1.5, 0.8, N))
     engine = blrppl.VMP(model)
     plan = engine.plan(y)
-    natural = engine.build(plan).init(jax.random.key(0)).natural
+    natural = driver.init(engine.build(plan), jax.random.key(0), plan.arrays).natural
 
     @jax.jit
-    def all_site_params(natural):
+    def all_site_params(natural, arrays):
         mean = mean_params(plan.qs, natural)
-        return [est.estimate(None, mean, {}) for est in plan.estimators]
+        return [est.estimate(None, mean, {}, arrays) for est in plan.estimators]
 
     @jax.jit
     def sufficient_statistics(y):
         return jnp.sum(y), jnp.sum(y**2)
 
-    t_sites = best_time(lambda: all_site_params(natural))
+    t_sites = best_time(lambda: all_site_params(natural, plan.arrays))
     t_stats = best_time(lambda: sufficient_statistics(y))
     print(table(
         [("all site parameters", f"{t_sites * 1e3:.3f} ms"), ("sum, sum of squares", f"{t_stats * 1e3:.3f} ms"),

@@ -44,9 +44,9 @@ def vmp(y):
     plan = engine.plan(y)
     analysis = time.perf_counter() - start
     algorithm = engine.build(plan)
-    run(algorithm, jax.random.key(0), 100, progress_bar=False, tol=1e-3)  # compile
+    run(algorithm, jax.random.key(0), 100, plan.arrays, progress_bar=False, tol=1e-3)  # compile
     start = time.perf_counter()
-    state, elbo = run(algorithm, jax.random.key(0), 100, progress_bar=False, tol=1e-3)
+    state, elbo = run(algorithm, jax.random.key(0), 100, plan.arrays, progress_bar=False, tol=1e-3)
     jax.block_until_ready(elbo)
     fit = time.perf_counter() - start
     step = jax.jit(algorithm.step)

@@ -12,7 +12,8 @@ from blrppl.engines.svi import SVI
 from blrppl.engines.vmp import VMP
 from blrppl import blr
 from blrppl.errors import ModelError
-from blrppl.graph import FactorGraph, trace
+from blrppl.graph import FactorGraph
+from blrppl.tracing import trace
 from blrppl.results import BLRResult
 from blrppl.saving import load
 

@@ -84,10 +84,11 @@ def log_importance_ratios(result: Any, rng_key: jax.Array, num_samples: int = 10
     Densities are taken in q's own space (see the module docstring).
     """
     plan, state = result.plan, result.state
+    natural = result.natural_params
     graph = plan.graph
     keys = jax.random.split(rng_key, max(len(plan.qs), 1))
     draws = {
-        v: q.family.sample(key, state.natural[v], (num_samples,))
+        v: q.family.sample(key, natural[v], (num_samples,))
         for key, (v, q) in zip(keys, plan.qs.items())
     }
     params = dict(state.params)
@@ -98,14 +99,13 @@ def log_importance_ratios(result: Any, rng_key: jax.Array, num_samples: int = 10
         values = {}
         for v, q in plan.qs.items():
             u = draw[v]
-            log_q = log_q + jnp.sum(q.family.to_numpyro(state.natural[v]).log_prob(u))
-            if getattr(q.transform, "sites", None) is not None:  # a joint block
+            log_q = log_q + jnp.sum(q.family.to_numpyro(natural[v]).log_prob(u))
+            if q.joint:
                 values.update(q.transform(u))
                 for site in q.transform.sites:
                     log_det = log_det + q.transform.log_abs_det_jacobian_site(u, site)
                 continue
-            if q.kind != "categorical" and q.family.event_ndim == 1 and len(q.block_shape) != 1:
-                u = jnp.reshape(u, q.shape)
+            u = q.value_from_family(u)
             if q.transform is None:
                 values[v] = u
                 continue

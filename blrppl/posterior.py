@@ -75,7 +75,7 @@ def block_marginals(q: Any, natural: Any) -> dict:
     joint = q.family.to_numpyro(natural)
     loc, cov = joint.loc, joint.covariance_matrix
     out = {}
-    for node, transform, shape, offset, size in q.transform._pieces():
+    for node, transform, shape, offset, size in q.transform.pieces():
         m = loc[offset : offset + size]
         c = cov[offset : offset + size, offset : offset + size]
         sd = jnp.sqrt(jnp.diagonal(c))

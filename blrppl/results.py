@@ -104,15 +104,22 @@ class BLRResult(NamedTuple):
         """Factor name -> how its site parameters are computed.
 
         ``"exact"`` (symbolic, conjugate), ``"delta"``, ``"mc"``,
-        ``"quadrature"`` or ``"linear_predictor"`` (Gauss-Hermite on a GLM's
-        linear predictors); ``graph.factors[f].edges[v]`` says why.
+        ``"quadrature"`` (Gauss-Hermite, on GLM linear predictors where the
+        factor has them), or ``"exact+<estimator>"`` for a factor that is
+        exact in some neighbours and estimated in the others;
+        ``graph.factors[f].edges[v]`` says why.
         """
-        return {est.factor: est.method for est in self.plan.estimators}
+        return {est.factor: est.method.label for est in self.plan.estimators}
 
     @property
     def natural_params(self) -> dict:
-        """Variable name -> natural parameters of its q."""
-        return dict(self.state.natural)
+        """Variable name -> natural parameters of its q.
+
+        With iterate averaging (Monte Carlo site parameters), q is the
+        averaged iterate; ``state`` keeps both, so a resumed run continues.
+        """
+        average = self.state.average
+        return dict(self.state.natural if average is None else average)
 
     @property
     def site_params(self) -> dict:
@@ -131,22 +138,22 @@ class BLRResult(NamedTuple):
         A joint block contributes one marginal per site it joins.
         """
         out = {}
+        natural = self.natural_params
         for v, q in self.plan.qs.items():
-            if getattr(q.transform, "sites", None) is not None:
-                out.update(block_marginals(q, self.state.natural[v]))
+            if q.joint:
+                out.update(block_marginals(q, natural[v]))
             else:
-                out[v] = q_distribution(q, self.state.natural[v])
+                out[v] = q_distribution(q, natural[v])
         return out
 
     def sample(self, rng_key: jax.Array, num_samples: int) -> dict:
         """Joint draws from q: latent and deterministic site -> ``(num_samples, *shape)``."""
         keys = jax.random.split(rng_key, len(self.plan.qs))
+        natural = self.natural_params
         latents = {}
         for key, (v, q) in zip(keys, self.plan.qs.items()):
-            draws = q.family.sample(key, self.state.natural[v], (num_samples,))
-            if q.kind != "categorical" and q.family.event_ndim == 1 and len(q.block_shape) != 1:
-                draws = jnp.reshape(draws, (num_samples,) + q.shape)
-            if getattr(q.transform, "sites", None) is not None:
+            draws = q.value_from_family(q.family.sample(key, natural[v], (num_samples,)))
+            if q.joint:
                 latents.update(q.transform(draws))
                 continue
             latents[v] = draws if q.transform is None else q.transform(draws)
@@ -185,8 +192,9 @@ class BLRResult(NamedTuple):
         """
         posterior = self.posterior
         graph = self.graph
-        blocks = {v: q for v, q in self.plan.qs.items() if getattr(q.transform, "sites", None) is not None}
-        joint = {v: q.family.to_numpyro(self.state.natural[v]) for v, q in blocks.items()}
+        blocks = {v: q for v, q in self.plan.qs.items() if q.joint}
+        natural = self.natural_params
+        joint = {v: q.family.to_numpyro(natural[v]) for v, q in blocks.items()}
         members = {site for q in blocks.values() for site in q.transform.sites}
 
         fitted = self.params

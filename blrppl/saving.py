@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from blrppl.blr import driver
 from blrppl.errors import ModelError
 from blrppl.results import BLRResult, Restarts
 
@@ -108,8 +109,7 @@ def load(path: Any, engine: Any, *model_args: Any, **model_kwargs: Any) -> BLRRe
                 f"{engine.mode!r}; load with an engine in mode {mode!r}."
             )
         plan = engine.plan(*model_args, **model_kwargs)
-        key = jax.random.key(0)
-        template = engine.build(plan, key).init(key)
+        template = driver.init(engine.build(plan), jax.random.key(0), plan.arrays)
         state = _fill("state", template, arrays, path)
         restarts = None
         if "restarts.elbo" in arrays.files:

@@ -1,150 +1,190 @@
-"""Specialise the Bayesian learning rule to one traced model.
+"""Specialise the Bayesian learning rule to one plan: the one ``step`` of blrppl.
 
-``build_blr`` closes over the static pieces (each variable's q, each factor's
-estimator, the mode and the schedule) and returns an
-:class:`~blrppl.blr.state.InferenceAlgorithm` of pure functions. Python loops
-over the (static) graph unroll when the step is traced; plates are handled
-inside each estimator's array arithmetic.
+``build_blr`` closes over the static pieces of a :class:`~blrppl.blr.plan.Plan`
+(each variable's q, each factor's estimator) and the options of a
+:class:`~blrppl.blr.config.Config` (mode, schedule, learning rate, minibatches),
+and returns an :class:`~blrppl.blr.state.InferenceAlgorithm` of pure
+functions of ``(state, arrays)``. Every engine runs this step: exact Bayes,
+VMP, EM (with its M-step), stochastic VI (minibatches of one plate),
+non-conjugate VI (estimated site parameters, iterate averaging, the ELBO
+guard) and Laplace. Python loops over the (static) graph unroll when the step
+is traced; plates are handled inside each estimator's array arithmetic.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 
-from blrppl.blr.elbo import elbo as elbo_fn
+from blrppl.blr.config import Config
+from blrppl.blr.elbo import elbo_terms, mean_params
+from blrppl.blr.incremental import build_store
+from blrppl.blr.minibatch import batch_key, minibatch, put_rows, take_rows
+from blrppl.blr.mstep import build_m_step
+from blrppl.blr.plan import Plan
+from blrppl.blr.restarts import random_params, random_start
+from blrppl.blr.schedules import as_schedule
+from blrppl.blr.starts import initial_natural
 from blrppl.blr.state import BLRInfo, BLRState, InferenceAlgorithm
-from blrppl.blr.update import local_update, safe_global_update
-from blrppl.blr.variational import VariableQ
-from blrppl.estimators.base import FactorEstimator
+from blrppl.blr.update import local_update, safe_global_update, tree_sum
+
+AVERAGE_POWER = 3.0
+GUARD_SLACK = 1e-3
+MAX_GUARD_HALVINGS = 12
 
 
-def mean_params(qs: Mapping[str, VariableQ], natural: Mapping[str, Any]) -> dict:
-    """μ = ∇A(λ) for every variable."""
-    return {v: qs[v].family.mean_params(natural[v]) for v in natural}
+def build_blr(plan: Plan, config: Config, *, random_starts: bool = False) -> InferenceAlgorithm:
+    """Build ``init``, ``step`` and ``elbo`` for one plan.
 
+    The step, for the variables in ``config.order`` (coordinate-wise with
+    ``schedule="sequential"``, all from the same q with ``"parallel"``):
 
-def site_parameters(
-    rng_key: jax.Array,
-    estimators: Sequence[FactorEstimator],
-    mean: Mapping[str, Any],
-    params: Mapping[str, Any],
-    variables: Sequence[str],
-) -> dict[str, dict[str, Any]]:
-    """λ̃_f(μ) for every factor touching ``variables``: variable -> {factor -> λ̃}."""
-    out: dict[str, dict[str, Any]] = {v: {} for v in variables}
-    for i, est in enumerate(estimators):
-        touched = [v for v in est.neighbours if v in out]
-        if not touched:
-            continue
-        _, grads = est.estimate(jax.random.fold_in(rng_key, i), mean, params)
-        for v in touched:
-            out[v][est.factor] = grads[v]
-    return out
-
-
-def build_blr(
-    qs: Mapping[str, VariableQ],
-    estimators: Sequence[FactorEstimator],
-    *,
-    rho: Callable[[jax.Array], jax.Array],
-    init_natural: Callable[[jax.Array], dict],
-    init_params: Optional[Mapping[str, Any]] = None,
-    mode: str = "global",
-    schedule: str = "sequential",
-    order: Optional[Sequence[str]] = None,
-    m_step: Optional[Callable] = None,
-    average: bool = False,
-    guard: bool = False,
-) -> InferenceAlgorithm:
-    """Build ``init`` and ``step`` for one model.
+    - site parameters λ̃_f(μ) of every factor touching the variable, from its
+      estimator (on the step's minibatch for factors in a subsampled plate,
+      rescaled by N / M for variables outside the plate);
+    - the update: Eq. 58 (``mode="global"``, kept in the natural parameter
+      space by the family's safe step), Eq. 60 (``mode="local"``: one site
+      parameter per factor; with minibatches, one per observation), or, for
+      variables local to a subsampled plate, ρ = 1 on the batch's rows;
+    - EM's M-step for point estimates, then iterate averaging (Monte Carlo
+      site parameters) and the ELBO guard (deterministic estimated site
+      parameters: a step whose ELBO collapses is retried with ρ/2, ρ/4, ...).
 
     Args:
-      qs: variable name -> its q.
-      estimators: one per factor (priors included).
-      rho: the learning-rate schedule, called with the step number (from 1).
-      init_natural: ``rng_key -> natural`` parameters to start from.
-      init_params: initial point estimates (EM), name -> value.
-      mode: ``"global"`` (Eq. 58) or ``"local"`` (Eq. 60).
-      schedule: ``"sequential"`` (coordinate-wise over variables, in
-        ``order``) or ``"parallel"`` (all variables from the same q).
-      order: the sequential order (default: trace order).
-      m_step: ``(rng_key, natural, params) -> params``, EM's maximisation of
-        E_q[log p] over the point estimates, run after the q updates.
-      average: keep the polynomial-decay average of λ in ``state.average``
-        (weights ~ t^3, so the first half of a run carries 1/16 of the
-        weight): the noise of Monte Carlo site parameters averages out at
-        the rate of the steps rather than of ρ.
-      guard: with deterministic estimated site parameters (quadrature,
-        delta), retry a step with ρ/2, ρ/4, ... when the ELBO would drop by more
-        than ``GUARD_SLACK`` (relative, plus 1 nat): a Newton-type step where
-        log f is not concave can overshoot by orders of magnitude. The ELBO
-        of the last step is kept in ``state.elbo``.
+      plan: the planned fit.
+      config: its options.
+      random_starts: ``init`` re-centres each q at a draw from its start
+        (restarts; see :mod:`blrppl.blr.restarts`).
 
     Returns:
       The :class:`InferenceAlgorithm`.
     """
-    if mode not in ("global", "local"):
-        raise ValueError(f"mode must be 'global' (Eq. 58) or 'local' (Eq. 60), got {mode!r}.")
-    if schedule not in ("sequential", "parallel"):
-        raise ValueError(f"schedule must be 'sequential' or 'parallel', got {schedule!r}.")
-    estimators = tuple(estimators)
-    order = tuple(order) if order is not None else tuple(qs)
-    init_params = dict(init_params or {})
+    qs, estimators, graph = plan.qs, plan.estimators, plan.graph
+    rho = as_schedule(config.learning_rate)
+    mode, schedule = config.mode, config.schedule
+    order = tuple(config.order) if config.order is not None else tuple(qs)
+    sub = plan.subsample
+    local = tuple(v for v in order if sub is not None and v in sub.local_axes)
+    ordered = local + tuple(v for v in order if v not in local)
+    plate_factors = sub.plate_factors if sub is not None else frozenset()
+    scale = sub.plate.size / sub.plate.subsample_size if sub is not None else 1.0
+    incremental = None
+    if sub is not None and mode == "local":
+        incremental = build_store(qs, estimators, plate_factors, sub.local_axes, sub.plate.size)
+    m_step = build_m_step(plan) if plan.init_params else None
+    average = _average(plan, config)
+    guard = _guard(plan) and sub is None
 
-    def init(rng_key: jax.Array) -> BLRState:
-        natural = init_natural(rng_key)
+    def batch_of(state: BLRState, t: jax.Array) -> Optional[jax.Array]:
+        if sub is None:
+            return None
+        return minibatch(batch_key(state.rng_key), t, sub.plate.size, sub.plate.subsample_size)
+
+    def messages(rng_key, natural, params, arrays, variables, batch):
+        """λ̃_f(μ) for every factor touching ``variables``: variable -> {factor -> λ̃}."""
+        mean = mean_params(qs, natural)
+        out: dict = {v: {} for v in variables}
+        for i, est in enumerate(estimators):
+            touched = [v for v in est.neighbours if v in out]
+            if not touched:
+                continue
+            key = jax.random.fold_in(rng_key, i)
+            if batch is not None and est.factor in plate_factors:
+                _, grads = est.estimate(key, mean, params, arrays, batch=batch)
+                for v in touched:
+                    out[v][est.factor] = grads[v] if v in local else jax.tree.map(lambda g: scale * g, grads[v])
+            else:
+                _, grads = est.estimate(key, mean, params, arrays)
+                for v in touched:
+                    out[v][est.factor] = grads[v]
+        return out
+
+    def apply(v, natural, sites, site_messages, r, batch):
+        """Update one variable from its factors' site parameters."""
+        if v in local:  # ρ = 1 on the minibatch rows: the exact local step (Sec. 5.3)
+            axis = sub.local_axes[v]
+            target = tree_sum(list(site_messages.values()))
+            natural[v] = put_rows(natural[v], batch, take_rows(target, batch, axis), axis)
+        elif mode == "global":
+            natural[v], _ = safe_global_update(qs[v].family, natural[v], list(site_messages.values()), r)  # Eq. 58
+        else:
+            current = {f: sites[f][v] for f in site_messages}
+            natural[v], new = local_update(current, site_messages, r)  # Eq. 60
+            for f, site in new.items():
+                sites[f][v] = site
+        return natural, sites
+
+    def update(rng_key, natural, sites, params, arrays, variables, r, batch):
+        natural, sites = dict(natural), {f: dict(s) for f, s in sites.items()}
+        if incremental is not None:
+            for i, v in enumerate(variables):
+                key = jax.random.fold_in(rng_key, i)
+                if v in local:
+                    msgs = messages(key, natural, params, arrays, (v,), batch)
+                    natural, sites = apply(v, natural, sites, msgs[v], r, batch)
+                else:  # Eq. 60, one site per observation: swap the batch's sites
+                    mean = mean_params(qs, natural)
+                    natural[v], sites = incremental.refresh(key, mean, params, arrays, v, batch, sites, r)
+            return natural, sites
+        msgs = messages(rng_key, natural, params, arrays, variables, batch)
+        for v in variables:
+            natural, sites = apply(v, natural, sites, msgs[v], r, batch)
+        return natural, sites
+
+    def init(rng_key: jax.Array, arrays: Any) -> BLRState:
+        init_key, run_key = jax.random.split(rng_key)
+        natural = initial_natural(init_key, graph, qs, estimators, arrays, config.init)
+        params = dict(arrays.params)
+        if random_starts:
+            natural = random_start(jax.random.fold_in(init_key, 1), qs, natural, keep=config.init)
+            params = random_params(jax.random.fold_in(init_key, 2), plan.param_transforms, params)
+        globals_ = tuple(v for v in ordered if v not in local)
+        if local and globals_:
+            # The local latents start from symmetry-breaking responsibilities; one
+            # full coordinate step of the globals carries that start over
+            # (otherwise the first local step would erase it).
+            for i, v in enumerate(globals_):
+                msgs = messages(jax.random.fold_in(init_key, 2 + i), natural, params, arrays, (v,), None)
+                natural[v] = tree_sum(list(msgs[v].values()))
         sites: dict = {}
-        if mode == "local":
+        if incremental is not None:
+            sites = incremental.init(natural, params, arrays)
+        elif mode == "local":
             sites = _initial_sites(qs, estimators, natural)
         state = BLRState(
             natural=natural,
             site_params=sites,
-            params=dict(init_params),
+            params=params,
             step=jnp.zeros((), jnp.int32),
             average=natural if average else None,
+            rng_key=run_key,
         )
         if guard:
-            state = state._replace(elbo=elbo(rng_key, state))
+            state = state._replace(elbo=elbo(jax.random.fold_in(init_key, 3), state, arrays))
         return state
 
-    def update(rng_key, natural, sites, params, variables, r):
-        mean = mean_params(qs, natural)
-        messages = site_parameters(rng_key, estimators, mean, params, variables)
-        natural, sites = dict(natural), {f: dict(s) for f, s in sites.items()}
-        for v in variables:
-            if mode == "global":
-                natural[v], _ = safe_global_update(qs[v].family, natural[v], list(messages[v].values()), r)  # Eq. 58
-            else:
-                current = {f: sites[f][v] for f in messages[v]}
-                natural[v], new = local_update(current, messages[v], r)  # Eq. 60
-                for f, site in new.items():
-                    sites[f][v] = site
-        return natural, sites
-
-    def attempt(rng_key: jax.Array, state: BLRState, r: jax.Array) -> tuple[BLRState, jax.Array]:
+    def attempt(state: BLRState, arrays: Any, r: jax.Array) -> tuple[BLRState, jax.Array]:
         t = state.step + 1
-        update_key, m_key, elbo_key = jax.random.split(rng_key, 3)
+        update_key, m_key, elbo_key = jax.random.split(jax.random.fold_in(state.rng_key, state.step), 3)
+        batch = batch_of(state, t)
         natural, sites, params = state.natural, state.site_params, state.params
         if schedule == "parallel":
-            natural, sites = update(update_key, natural, sites, params, order, r)
+            natural, sites = update(update_key, natural, sites, params, arrays, ordered, r, batch)
         else:
-            for i, v in enumerate(order):
-                natural, sites = update(jax.random.fold_in(update_key, i), natural, sites, params, (v,), r)
+            for i, v in enumerate(ordered):
+                natural, sites = update(jax.random.fold_in(update_key, i), natural, sites, params, arrays, (v,), r, batch)
         if m_step is not None:
-            params = m_step(m_key, natural, params)
-        running = state.average
-        if average:
-            running = polynomial_average(running, natural, t)
-        new_state = BLRState(natural=natural, site_params=sites, params=params, step=t, average=running, elbo=state.elbo)
-        value = elbo(elbo_key, new_state)
+            params = m_step(m_key, natural, params, arrays)
+        running = polynomial_average(state.average, natural, t) if average else state.average
+        new_state = state._replace(natural=natural, site_params=sites, params=params, step=t, average=running)
+        value = elbo(elbo_key, new_state, arrays, batch)
         return new_state._replace(elbo=value if guard else None), value
 
-    def step(rng_key: jax.Array, state: BLRState) -> tuple[BLRState, BLRInfo]:
+    def step(state: BLRState, arrays: Any) -> tuple[BLRState, BLRInfo]:
         r = jnp.asarray(rho(state.step + 1), dtype=jnp.result_type(float))
-        new_state, value = attempt(rng_key, state, r)
+        new_state, value = attempt(state, arrays, r)
         if guard and state.elbo is not None:
             # A step whose (exact) ELBO collapses is retried with ρ/2, ρ/4, ...
             def collapsed(value):
@@ -154,23 +194,22 @@ def build_blr(
             def retry(carry):
                 k, _, _, _ = carry
                 r_k = r * 0.5**k
-                candidate, v = attempt(rng_key, state, r_k)
+                candidate, v = attempt(state, arrays, r_k)
                 return k + 1, candidate, v, r_k
 
             _, new_state, value, r = jax.lax.while_loop(
-                lambda c: (c[0] <= MAX_GUARD_HALVINGS) & collapsed(c[2]), retry, (jnp.ones((), jnp.int32), new_state, value, r)
+                lambda c: (c[0] <= MAX_GUARD_HALVINGS) & collapsed(c[2]),
+                retry,
+                (jnp.ones((), jnp.int32), new_state, value, r),
             )
         return new_state, BLRInfo(elbo=value, rho=r)
 
-    def elbo(rng_key: jax.Array, state: BLRState) -> jax.Array:
-        return elbo_fn(rng_key, qs, estimators, state.natural, state.params)
+    def elbo(rng_key: jax.Array, state: BLRState, arrays: Any, batch: Optional[jax.Array] = None) -> jax.Array:
+        """The ELBO of q (with a minibatch, its unbiased minibatch estimate)."""
+        local_axes = sub.local_axes if sub is not None else {}
+        return elbo_terms(rng_key, qs, estimators, state.natural, state.params, arrays, batch, plate_factors, local_axes, scale)
 
-    return InferenceAlgorithm(init=init, step=step, elbo=elbo)
-
-
-AVERAGE_POWER = 3.0
-GUARD_SLACK = 1e-3
-MAX_GUARD_HALVINGS = 12
+    return InferenceAlgorithm(init=init, step=step, elbo=lambda k, s, a: elbo(k, s, a))
 
 
 def polynomial_average(running: Any, current: Any, t: jax.Array) -> Any:
@@ -184,6 +223,21 @@ def averaged(state: BLRState) -> BLRState:
     if state.average is None:
         return state
     return state._replace(natural=state.average)
+
+
+def _guard(plan: Plan) -> bool:
+    """ELBO-guarded steps where estimated site parameters are deterministic."""
+    methods = [e.method for e in plan.estimators]
+    return any(m.deterministic_estimate for m in methods) and not any(m.noisy for m in methods)
+
+
+def _average(plan: Plan, config: Config) -> bool:
+    """Iterate averaging where site parameters are noisy (Monte Carlo) and ρ < 1."""
+    if config.average is not None:
+        return bool(config.average)
+    noisy = any(e.method.noisy for e in plan.estimators)
+    rate = config.learning_rate
+    return noisy and (callable(rate) or float(rate) < 1.0)
 
 
 def _initial_sites(qs, estimators, natural) -> dict:

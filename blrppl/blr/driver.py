@@ -1,9 +1,14 @@
-"""Run an inference algorithm: one jit-compiled loop, a progress bar between chunks."""
+"""Run an inference algorithm: one jit-compiled loop, a progress bar between chunks.
+
+The algorithm (its static structure) is a static argument of the compiled
+functions and the plan's arrays a dynamic one, so running the same algorithm
+on new data of the same shapes reuses the compiled program.
+"""
 
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -12,10 +17,33 @@ import tqdm.auto as tqdm
 from blrppl.blr.state import BLRState, InferenceAlgorithm
 
 
+def init(algorithm: InferenceAlgorithm, rng_key: jax.Array, arrays: Any) -> BLRState:
+    """``algorithm.init``, compiled once per algorithm."""
+    return _init(algorithm, rng_key, arrays)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init(algorithm, rng_key, arrays):
+    return algorithm.init(rng_key, arrays)
+
+
+def _buffer_length(num_steps: int) -> int:
+    # The ELBO buffer's length is rounded up (at least 1024, then powers of two)
+    # so that runs of different lengths share one compilation.
+    return max(1024, 1 << (num_steps - 1).bit_length())
+
+
+def _check_steps(num_steps: Any) -> int:
+    if int(num_steps) != num_steps or num_steps < 1:
+        raise ValueError(f"num_steps must be a positive integer, got {num_steps}.")
+    return int(num_steps)
+
+
 def run(
     algorithm: InferenceAlgorithm,
     rng_key: jax.Array,
     num_steps: int,
+    arrays: Any,
     *,
     init_state: Optional[BLRState] = None,
     tol: Optional[float] = None,
@@ -33,8 +61,10 @@ def run(
 
     Args:
       algorithm: the ``InferenceAlgorithm`` to run.
-      rng_key: a JAX PRNG key; step i uses ``fold_in(run_key, i)``.
+      rng_key: a JAX PRNG key; ``init`` draws the run's stream from it
+        (ignored when resuming: the state's stream continues).
       num_steps: the maximum number of steps (a positive integer).
+      arrays: the plan's data, an argument of the compiled loop.
       init_state: a state to resume from (``result.state``); else ``init``.
       tol: optional early-stopping threshold on the ELBO change.
       progress_bar: show a tqdm bar with the current ELBO.
@@ -43,23 +73,16 @@ def run(
     Returns:
       ``(state, elbo)``: the final state and the ELBO after each step run.
     """
-    if int(num_steps) != num_steps or num_steps < 1:
-        raise ValueError(f"num_steps must be a positive integer, got {num_steps}.")
-    num_steps = int(num_steps)
-    init_key, run_key = jax.random.split(rng_key)
-    state = algorithm.init(init_key) if init_state is None else init_state
+    num_steps = _check_steps(num_steps)
+    state = init(algorithm, rng_key, arrays) if init_state is None else init_state
     dtype = jnp.result_type(float)
     threshold = jnp.asarray(-1.0 if tol is None else float(tol), dtype)
-
-    # The ELBO buffer's length is rounded up (at least 1024, then powers of two)
-    # so that runs of different lengths share one compilation.
-    buffer = jnp.full((max(1024, 1 << (num_steps - 1).bit_length()),), jnp.nan, dtype)
+    buffer = jnp.full((_buffer_length(num_steps),), jnp.nan, dtype)
     previous = jnp.asarray(jnp.inf, dtype)
     done = jnp.asarray(False)
-    start = jnp.asarray(0, jnp.int32)
     if not progress_bar:
         end, state, buffer, previous, done = _run_chunk(
-            algorithm, run_key, state, buffer, start, jnp.asarray(num_steps, jnp.int32), previous, done, threshold
+            algorithm, arrays, state, buffer, jnp.asarray(0, jnp.int32), jnp.asarray(num_steps, jnp.int32), previous, done, threshold
         )
         return state, buffer[: int(end)]
 
@@ -70,7 +93,7 @@ def run(
             stop = min(stop, num_steps)
             new_end, state, buffer, previous, done = _run_chunk(
                 algorithm,
-                run_key,
+                arrays,
                 state,
                 buffer,
                 jnp.asarray(end, jnp.int32),
@@ -89,12 +112,11 @@ def run(
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _run_chunk(algorithm, run_key, state, buffer, start, stop, previous, done, threshold):
+def _run_chunk(algorithm, arrays, state, buffer, start, stop, previous, done, threshold):
     """Steps ``start`` to ``stop`` (or until the ELBO settles) in one ``while_loop``.
 
-    Compiled once per algorithm (the algorithm is a static argument), whatever
-    the chunk bounds, tolerance or number of steps; step i's key is
-    ``fold_in(run_key, i)``, the same with and without a progress bar.
+    Compiled once per algorithm (a static argument), whatever the chunk
+    bounds, tolerance, number of steps or data (``arrays``, of fixed shapes).
     """
 
     def cond(carry):
@@ -103,7 +125,7 @@ def _run_chunk(algorithm, run_key, state, buffer, start, stop, previous, done, t
 
     def body(carry):
         i, state, buffer, previous, _ = carry
-        state, info = algorithm.step(jax.random.fold_in(run_key, i), state)
+        state, info = algorithm.step(state, arrays)
         elbo = info.elbo.astype(buffer.dtype)
         buffer = buffer.at[i].set(elbo)
         done = jnp.abs(elbo - previous) < threshold
@@ -112,10 +134,20 @@ def _run_chunk(algorithm, run_key, state, buffer, start, stop, previous, done, t
     return jax.lax.while_loop(cond, body, (start, state, buffer, previous, done))
 
 
+def init_restarts(algorithm: InferenceAlgorithm, rng_keys: jax.Array, arrays: Any) -> BLRState:
+    """``init`` of every restart key, stacked (leading axis C)."""
+    return _init_many(algorithm, rng_keys, arrays)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init_many(algorithm, rng_keys, arrays):
+    return jax.vmap(lambda key: algorithm.init(key, arrays))(rng_keys)
+
+
 def run_restarts(
     algorithm: InferenceAlgorithm,
-    rng_keys: jax.Array,
     num_steps: int,
+    arrays: Any,
     init_states: BLRState,
     *,
     tol: Optional[float] = None,
@@ -124,27 +156,22 @@ def run_restarts(
 ) -> tuple[BLRState, jax.Array, jax.Array]:
     """Run C copies of ``algorithm`` at once: :func:`run` vmapped over restarts.
 
-    Restart c runs from ``init_states[c]`` (a state with a leading axis C)
-    with the step keys :func:`run` would derive from ``rng_keys[c]``, so
-    restart c equals ``run(algorithm, rng_keys[c], ...)`` from the same start.
-    The loop is the same ``while_loop`` vmapped over the restart axis; with
-    ``tol`` each restart stops on its own (the batched loop runs until the
-    last one stops, and a stopped restart's state no longer changes).
+    Restart c runs from ``init_states[c]`` (a state with a leading axis C,
+    each with its own random stream), so restart c equals ``run`` from the
+    same start. The loop is the same ``while_loop`` vmapped over the restart
+    axis; with ``tol`` each restart stops on its own (the batched loop runs
+    until the last one stops, and a stopped restart's state no longer changes).
 
     Returns:
       ``(states, elbo, num_run)``: the final states (leading axis C), the
       ELBO traces ``(C, num_steps)`` (NaN after a restart stopped) and the
       number of steps each restart ran, shape ``(C,)``.
     """
-    if int(num_steps) != num_steps or num_steps < 1:
-        raise ValueError(f"num_steps must be a positive integer, got {num_steps}.")
-    num_steps = int(num_steps)
+    num_steps = _check_steps(num_steps)
     num_restarts = int(jnp.shape(jax.tree.leaves(init_states.step)[0])[0])
-    run_keys = jax.vmap(lambda key: jax.random.split(key)[1])(rng_keys)
     dtype = jnp.result_type(float)
     threshold = jnp.asarray(-1.0 if tol is None else float(tol), dtype)
-    length = max(1024, 1 << (num_steps - 1).bit_length())
-    buffer = jnp.full((num_restarts, length), jnp.nan, dtype)
+    buffer = jnp.full((num_restarts, _buffer_length(num_steps)), jnp.nan, dtype)
     previous = jnp.full((num_restarts,), jnp.inf, dtype)
     done = jnp.zeros((num_restarts,), bool)
     states = init_states
@@ -156,7 +183,7 @@ def run_restarts(
         stop = min(stop, num_steps)
         stopped = done
         new_ends, states, buffer, previous, done = _run_chunks(
-            algorithm, run_keys, states, buffer, jnp.asarray(end, jnp.int32), jnp.asarray(stop, jnp.int32),
+            algorithm, arrays, states, buffer, jnp.asarray(end, jnp.int32), jnp.asarray(stop, jnp.int32),
             previous, done, threshold,
         )
         ends = jnp.where(stopped, ends, new_ends)  # a restart stopped earlier keeps its end
@@ -173,10 +200,10 @@ def run_restarts(
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _run_chunks(algorithm, run_keys, states, buffers, start, stop, previous, done, threshold):
-    """:func:`_run_chunk` vmapped over restarts (shared bounds and tolerance)."""
+def _run_chunks(algorithm, arrays, states, buffers, start, stop, previous, done, threshold):
+    """:func:`_run_chunk` vmapped over restarts (shared bounds, tolerance and data)."""
 
-    def one(run_key, state, buffer, previous, done):
-        return _run_chunk(algorithm, run_key, state, buffer, start, stop, previous, done, threshold)
+    def one(state, buffer, previous, done):
+        return _run_chunk(algorithm, arrays, state, buffer, start, stop, previous, done, threshold)
 
-    return jax.vmap(one)(run_keys, states, buffers, previous, done)
+    return jax.vmap(one)(states, buffers, previous, done)

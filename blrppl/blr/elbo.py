@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -10,12 +10,22 @@ import jax.numpy as jnp
 from blrppl.families import entropy
 
 
-def elbo(
+def mean_params(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> dict:
+    """μ = ∇A(λ) for every variable."""
+    return {v: qs[v].family.mean_params(natural[v]) for v in natural}
+
+
+def elbo_terms(
     rng_key: jax.Array,
     qs: Mapping[str, Any],
     estimators: Sequence[Any],
     natural: Mapping[str, Any],
     params: Mapping[str, Any],
+    arrays: Any,
+    batch: Optional[jax.Array] = None,
+    plate_factors: frozenset = frozenset(),
+    local_axes: Optional[Mapping[str, int]] = None,
+    scale: float = 1.0,
 ) -> jax.Array:
     """ELBO = Σ_f E_q[log f] + Σ_v H[q_v].
 
@@ -23,15 +33,26 @@ def elbo(
     E_q[log p(x, y)] + H[q] (for a Gaussian q on an unconstrained space the
     Jacobian sits in the variable's prior factor). Point estimates (EM) have
     no entropy: their constant delta-method entropy is left out, as in the
-    usual EM bound (Khan & Rue, Sec. 5.2).
+    usual EM bound (Khan & Rue, Sec. 5.2). With a minibatch ``batch`` of a
+    subsampled plate, the factors in the plate and the entropies of the
+    plate's local variables are read on the batch and rescaled by
+    ``scale`` = N / M: an unbiased estimate of the ELBO.
     """
-    mean = {v: qs[v].family.mean_params(natural[v]) for v in natural}
+    local_axes = local_axes or {}
+    mean = mean_params(qs, natural)
     total = jnp.zeros((), jnp.result_type(float))
     for i, est in enumerate(estimators):
-        value, _ = est.estimate(jax.random.fold_in(rng_key, i), mean, params)
-        total = total + value
-    for h in entropy_terms(qs, natural).values():
-        total = total + jnp.sum(h)
+        key = jax.random.fold_in(rng_key, i)
+        if batch is not None and est.factor in plate_factors:
+            value, _ = est.estimate(key, mean, params, arrays, batch=batch)
+            total = total + scale * value
+        else:
+            total = total + est.estimate(key, mean, params, arrays)[0]
+    for v, h in entropy_terms(qs, natural).items():
+        if batch is not None and v in local_axes:
+            total = total + scale * jnp.sum(jnp.take(h, batch, axis=local_axes[v]))
+        else:
+            total = total + jnp.sum(h)
     return total
 
 

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
-from blrppl.blr.build import mean_params
+from blrppl.blr.elbo import mean_params
 from blrppl.errors import ModelError
 from blrppl.symbolic.expectation import _letters, _read, _take
 
@@ -107,7 +107,7 @@ class IncrementalStore:
                 sizes[lab] = n
         return sizes
 
-    def init(self, natural: Mapping[str, Any], params: Mapping[str, Any]) -> dict:
+    def init(self, natural: Mapping[str, Any], params: Mapping[str, Any], arrays: Any) -> dict:
         """Empty per-observation stores (no observation visited yet).
 
         Factors outside the plate start at their site parameters under the
@@ -125,7 +125,7 @@ class IncrementalStore:
         for v in self.entries:
             for est in self.estimators:
                 if v in est.neighbours and est.factor not in self.plate_factors:
-                    _, grads = est.estimate(jax.random.key(0), mean, params)
+                    _, grads = est.estimate(jax.random.key(0), mean, params, arrays)
                     outside[f"{est.factor}/{v}"] = grads[v]
         store["_outside"] = outside
         return store
@@ -162,7 +162,7 @@ class IncrementalStore:
         spec += "->" + "".join(letters[l] for l in out)
         return entry.term.coeff * jnp.einsum(spec, *arrays)
 
-    def refresh(self, rng_key, mean, params, v, batch, store, rho):
+    def refresh(self, rng_key, mean, params, arrays, v, batch, store, rho):
         """Refresh the minibatch's sites for global variable ``v``; return (λ_v, store)."""
         store = dict(store)
         outside = dict(store["_outside"])
@@ -172,7 +172,7 @@ class IncrementalStore:
         for i, est in enumerate(self.estimators):
             if v not in est.neighbours or est.factor in self.plate_factors:
                 continue
-            _, grads = est.estimate(jax.random.fold_in(rng_key, i), mean, params)
+            _, grads = est.estimate(jax.random.fold_in(rng_key, i), mean, params, arrays)
             key = f"{est.factor}/{v}"
             site = jax.tree.map(lambda s, g: (1.0 - rho) * s + rho * g, outside[key], grads[v])  # Eq. 60
             outside[key] = site

@@ -24,6 +24,10 @@ class BLRState(NamedTuple):
         which engines report as q at the end of a run; else None.
       elbo: with the ELBO guard (deterministic estimators), the ELBO of q
         after the last step; else None.
+      rng_key: the run's random stream: step t draws from
+        ``fold_in(rng_key, t)`` and minibatch epochs from their own fold, so
+        a run resumed from its state continues exactly as one longer run
+        (the state's stream wins over a new call's key).
     """
 
     natural: dict
@@ -32,6 +36,7 @@ class BLRState(NamedTuple):
     step: jax.Array
     average: Any = None
     elbo: Any = None
+    rng_key: Any = None
 
 
 class BLRInfo(NamedTuple):
@@ -49,10 +54,13 @@ class BLRInfo(NamedTuple):
 class InferenceAlgorithm(NamedTuple):
     """A pair of pure functions, as blackjax's ``VIAlgorithm``.
 
-    ``init(rng_key) -> BLRState``; ``step(rng_key, state) -> (state, info)``;
-    ``elbo(rng_key, state) -> scalar``.
+    ``init(rng_key, arrays) -> BLRState``; ``step(state, arrays) -> (state,
+    info)`` (randomness from the state's stream); ``elbo(rng_key, state,
+    arrays) -> scalar``. ``arrays`` is the plan's data
+    (:class:`~blrppl.estimators.base.PlanArrays`), an argument so that one
+    compiled program fits any data set of the same shapes.
     """
 
-    init: Callable[[jax.Array], BLRState]
-    step: Callable[[jax.Array, BLRState], tuple[BLRState, BLRInfo]]
-    elbo: Callable[[jax.Array, BLRState], Any]
+    init: Callable[[jax.Array, Any], BLRState]
+    step: Callable[[BLRState, Any], tuple[BLRState, BLRInfo]]
+    elbo: Callable[[jax.Array, BLRState, Any], Any]

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 
-def _tree_sum(trees: Sequence[Any]) -> Any:
+def tree_sum(trees: Sequence[Any]) -> Any:
     return jax.tree.map(lambda *xs: sum(xs[1:], xs[0]), *trees)
 
 
@@ -29,7 +29,7 @@ def global_update(natural: Any, messages: Sequence[Any], rho: Any) -> Any:
     Returns:
       The updated natural parameters, same structure as ``natural``.
     """
-    target = _tree_sum(messages)
+    target = tree_sum(messages)
     return jax.tree.map(lambda lam, t: (1.0 - rho) * lam + rho * t, natural, target)  # Eq. 58
 
 
@@ -58,7 +58,7 @@ def local_update(
         new_sites[name] = jax.tree.map(
             lambda s, g: (1.0 - rho) * s + rho * g, site_params[name], message  # Eq. 60
         )
-    return _tree_sum(list(new_sites.values())), new_sites
+    return tree_sum(list(new_sites.values())), new_sites
 
 
 MAX_HALVINGS = 10
@@ -72,24 +72,20 @@ def _is_valid(family, natural) -> jax.Array:
 def safe_global_update(family, natural: Any, messages: Sequence[Any], rho: Any) -> tuple[Any, jax.Array]:
     """Eq. 58 with a safeguard: never leave the natural parameter space.
 
-    Gaussian q use the improved BLR of Lin, Schmidt & Khan (2020) where the
-    plain step would make the precision indefinite (it equals the plain step
-    otherwise). For every family, a step that is still invalid or not finite
-    (a Monte Carlo outlier) is retried with ρ/2, ρ/4, ...; if none of
+    A family with a ``safe_step`` (Gaussians: the improved BLR of Lin,
+    Schmidt & Khan 2020, equal to the plain step wherever that is valid)
+    takes it; every family then retries a step that is still invalid or not
+    finite (a Monte Carlo outlier) with ρ/2, ρ/4, ...; if none of
     ``MAX_HALVINGS`` halvings is valid, λ is kept. Never a silent clip.
 
     Returns:
       ``(natural, rejected)``: the new λ and whether the step was rejected.
     """
-    from blrppl.estimators.gaussian import positive_definite_step
-    from blrppl.families import MULTIVARIATE_NORMAL, NORMAL
-
-    target = _tree_sum(messages)
-    gaussian = family is NORMAL or family is MULTIVARIATE_NORMAL
+    target = tree_sum(messages)
 
     def step(r):
-        if gaussian:
-            return positive_definite_step(natural, target, r, only_if_needed=True)
+        if family.safe_step is not None:
+            return family.safe_step(natural, target, r)
         return jax.tree.map(lambda lam, t: (1.0 - r) * lam + r * t, natural, target)  # Eq. 58
 
     def cond(carry):

@@ -1,5 +1,10 @@
 """``BLR``: the general engine, every option of ``shared/API.md``."""
 
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+from blrppl.engines import presets
 from blrppl.engines.base import Engine
 
 
@@ -23,3 +28,36 @@ class BLR(Engine):
         >>> round(float(result.posterior["z"].loc), 4)
         0.6769
     """
+
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        mode: str = "global",
+        schedule: str = "sequential",
+        learning_rate: Union[float, Callable] = 1.0,
+        estimator: Union[str, Mapping[str, str]] = "exact",
+        num_samples: int = 16,
+        families: Optional[Mapping[str, str]] = None,
+        blocks: Optional[Sequence[Sequence[str]]] = None,
+        point_estimates: Optional[Sequence[str]] = None,
+        init: Optional[Mapping[str, Any]] = None,
+        order: Optional[Sequence[str]] = None,
+        average: Optional[bool] = None,
+    ):
+        super().__init__(
+            model,
+            presets.blr(
+                mode=mode,
+                schedule=schedule,
+                learning_rate=learning_rate,
+                estimator=estimator,
+                num_samples=num_samples,
+                families=families,
+                blocks=blocks,
+                point_estimates=point_estimates,
+                init=init,
+                order=order,
+                average=average,
+            ),
+        )

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
+from blrppl.engines import presets
 from blrppl.engines.base import Engine
 
 
@@ -17,25 +18,16 @@ class EM(Engine):
     the usual EM lower bound, equal to the log likelihood at convergence.
     """
 
-    exact_only = True
-
     def __init__(
         self,
         model: Callable,
         *,
         mode: str = "global",
-        families: Optional[dict] = None,
+        families: Optional[Mapping[str, str]] = None,
         point_estimates: Optional[Sequence[str]] = None,
         order: Optional[Sequence[str]] = None,
-        init: Optional[dict] = None,
+        init: Optional[Mapping[str, Any]] = None,
     ):
         super().__init__(
-            model,
-            mode=mode,
-            schedule="sequential",
-            learning_rate=1.0,
-            families=families,
-            point_estimates=point_estimates,
-            order=order,
-            init=init,
+            model, presets.em(mode=mode, families=families, point_estimates=point_estimates, order=order, init=init)
         )

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
-from blrppl.engines.base import Engine, Plan
-from blrppl.errors import ModelError
-from blrppl.graph.trace import build_graph
+from blrppl.engines import presets
+from blrppl.engines.base import Engine
 
 
 class Laplace(Engine):
@@ -25,19 +24,6 @@ class Laplace(Engine):
         model: Callable,
         *,
         learning_rate: Union[float, Callable] = 1.0,
-        init: Optional[dict] = None,
+        init: Optional[Mapping[str, Any]] = None,
     ):
-        super().__init__(model, mode="global", schedule="sequential", learning_rate=learning_rate, init=init)
-        self.forced = "delta"
-
-    def plan(self, *model_args: Any, **model_kwargs: Any) -> Plan:
-        graph = build_graph(self.model, model_args, model_kwargs)
-        for name, node in graph.variables.items():
-            if node.discrete or node.chain is not None:
-                raise ModelError(
-                    f"site {name!r}: Laplace needs continuous latents without chains; marginalise or "
-                    "fix the site, or use another engine."
-                )
-        if not graph.variables:
-            raise ModelError(f"site {getattr(self.model, '__name__', 'model')!r}: the model has no latent sites to approximate.")
-        return self._plan_graph(graph, blocks=[tuple(graph.variables)])
+        super().__init__(model, presets.laplace(learning_rate=learning_rate, init=init))

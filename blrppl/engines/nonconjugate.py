@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
+from blrppl.engines import presets
 from blrppl.engines.base import Engine
 
 
@@ -38,27 +39,24 @@ class NonConjugateVI(Engine):
         learning_rate: Union[float, Callable] = 0.2,
         mode: str = "global",
         schedule: str = "sequential",
-        families: Optional[dict] = None,
+        families: Optional[Mapping[str, str]] = None,
         blocks: Optional[Sequence[Sequence[str]]] = None,
         order: Optional[Sequence[str]] = None,
-        init: Optional[dict] = None,
+        init: Optional[Mapping[str, Any]] = None,
         average: Optional[bool] = None,
     ):
         super().__init__(
             model,
-            mode=mode,
-            schedule=schedule,
-            learning_rate=learning_rate,
-            estimator=estimator if isinstance(estimator, Mapping) else "exact",
-            num_samples=num_samples,
-            families=families,
-            blocks=blocks,
-            order=order,
-            init=init,
-            average=average,
+            presets.nonconjugate_vi(
+                estimator=estimator,
+                num_samples=num_samples,
+                learning_rate=learning_rate,
+                mode=mode,
+                schedule=schedule,
+                families=families,
+                blocks=blocks,
+                order=order,
+                init=init,
+                average=average,
+            ),
         )
-        if isinstance(estimator, Mapping):
-            estimator = "auto"
-        if estimator not in ("auto", "mc", "delta", "quadrature"):
-            raise ValueError(f"estimator must be 'auto', 'mc', 'delta' or 'quadrature', got {estimator!r}.")
-        self.fallback = estimator

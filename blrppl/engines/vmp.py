@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
-
+from blrppl.engines import presets
 from blrppl.engines.base import Engine
 
 
@@ -17,15 +17,13 @@ class VMP(Engine):
     decreases.
     """
 
-    exact_only = True
-
     def __init__(
         self,
         model: Callable,
         *,
         mode: str = "global",
-        families: Optional[dict] = None,
+        families: Optional[Mapping[str, str]] = None,
         order: Optional[Sequence[str]] = None,
-        init: Optional[dict] = None,
+        init: Optional[Mapping[str, Any]] = None,
     ):
-        super().__init__(model, mode=mode, schedule="sequential", learning_rate=1.0, families=families, order=order, init=init)
+        super().__init__(model, presets.vmp(mode=mode, families=families, order=order, init=init))

@@ -1,11 +1,15 @@
 """The estimator interface, and a factor's log density as a function of latents.
 
-An estimator turns one factor into ``estimate(rng_key, mean, params) ->
-(value, site_params)``: ``value`` estimates E_q[log f] and ``site_params``
-maps each neighbouring variable to ∇_μ E_q[log f] in that variable's natural
-parameter layout. Differentiating with respect to the mean parameters μ (not
-λ) is what makes the gradient natural (Khan & Rue, Sec. 2); no Fisher matrix
-is ever formed.
+An estimator turns one factor into ``estimate(rng_key, mean, params, arrays,
+batch=None) -> (value, site_params)``: ``value`` estimates E_q[log f] and
+``site_params`` maps each neighbouring variable to ∇_μ E_q[log f] in that
+variable's natural parameter layout. Differentiating with respect to the mean
+parameters μ (not λ) is what makes the gradient natural (Khan & Rue, Sec. 2);
+no Fisher matrix is ever formed.
+
+``arrays`` is the plan's data (:class:`PlanArrays`): estimators read their
+data from it, never from closed-over constants, so that compiled code takes
+the data as an argument and a new data set of the same shapes reuses it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,65 @@ import numpy as np
 from blrppl.graph.nodes import FactorGraph
 from blrppl.graph.replay import join_chain, replay, run_model
 from blrppl.symbolic import canonical
+from blrppl.symbolic.expectation import VarInfo
+
+
+ESTIMATORS = ("delta", "mc", "quadrature")
+"""Estimators of non-conjugate site parameters (the option strings of DESIGN.md)."""
+
+
+class Method(NamedTuple):
+    """How one factor's site parameters are computed.
+
+    Attributes:
+      exact: neighbours whose site parameters are exact (symbolic).
+      estimated: neighbours whose site parameters are estimated.
+      estimator: ``"delta"``, ``"mc"`` or ``"quadrature"`` for the estimated
+        ones (``""`` when every edge is exact).
+    """
+
+    exact: tuple[str, ...] = ()
+    estimated: tuple[str, ...] = ()
+    estimator: str = ""
+
+    @property
+    def label(self) -> str:
+        """``"exact"``, the estimator's name, or ``"exact+<estimator>"`` (a hybrid factor)."""
+        if not self.estimated:
+            return "exact"
+        return f"exact+{self.estimator}" if self.exact else self.estimator
+
+    @property
+    def noisy(self) -> bool:
+        """Whether the site parameters are Monte Carlo estimates (random)."""
+        return bool(self.estimated) and self.estimator == "mc"
+
+    @property
+    def deterministic_estimate(self) -> bool:
+        """Estimated by a deterministic rule (delta method or quadrature)."""
+        return bool(self.estimated) and self.estimator in ("delta", "quadrature")
+
+    def __str__(self) -> str:
+        return self.label
+
+
+class PlanArrays(NamedTuple):
+    """The data a compiled fit reads, passed as an argument (a pytree).
+
+    Attributes:
+      factors: factor name -> that estimator's own arrays (a symbolic
+        analysis's operands, a GLM design matrix, ...), or None.
+      data: the model's array arguments (:class:`~blrppl.graph.data.ModelData`
+        ``.arrays``), for estimators that re-run the model.
+      starts: variable name -> data-dependent starting values (see
+        :mod:`blrppl.blr.starts`).
+      params: ``numpyro.param`` name -> initial value.
+    """
+
+    factors: dict
+    data: tuple
+    starts: dict
+    params: dict
 
 
 class FactorEstimator(NamedTuple):
@@ -27,20 +90,33 @@ class FactorEstimator(NamedTuple):
     Attributes:
       factor: the factor's name.
       neighbours: the variables it has site parameters for.
-      method: ``"exact"``, ``"delta"``, ``"mc"`` or ``"quadrature"``.
-      estimate: ``(rng_key, mean, params, batch=None) -> (value, site_params)``
-        where ``mean`` maps variable names to family mean parameters,
-        ``params`` maps point-estimate names to values and ``batch`` (for a
+      method: a :class:`Method`.
+      estimate: ``(rng_key, mean, params, arrays, batch=None) -> (value,
+        site_params)`` where ``mean`` maps variable names to family mean
+        parameters, ``params`` maps point-estimate names to values,
+        ``arrays`` is the plan's :class:`PlanArrays` and ``batch`` (for a
         factor in a subsampled plate) selects observations.
-      analysis: for the exact estimator, the symbolic
-        :class:`~blrppl.symbolic.expectation.Analysis`; else None.
+      arrays: this estimator's entry of ``PlanArrays.factors`` (data it
+        reads), or None.
+      analysis: for exact site parameters, the symbolic analysis's static
+        structure (:class:`~blrppl.symbolic.expectation.Analysis`); else None.
+      closed_data: the estimate closes over values computed from the data
+        (rather than reading them from ``arrays``): a plan holding it is
+        compiled per data set (its signature includes the data's content).
     """
 
     factor: str
     neighbours: tuple[str, ...]
-    method: str
+    method: Method
     estimate: Callable[..., tuple[Any, dict]]
+    arrays: Any = None
     analysis: Any = None
+    closed_data: bool = False
+
+
+def var_info(q: Any) -> VarInfo:
+    """What the symbolic layer needs to know about a variable's q."""
+    return VarInfo(q.family.kind, tuple(q.shape), q.num_batch, q.num_categories)
 
 
 def example_latents(graph: FactorGraph) -> dict[str, jax.Array]:
@@ -93,11 +169,13 @@ def factor_log_density(
     is a vector over that plate's positions, summed over everything else.
     With ``elementwise``, it is the flattened array of per-element log
     densities (no Jacobian: for factors other than a variable's own prior).
+    ``data`` (the model's array arguments, ``graph.data.arrays`` layout) runs
+    the model on other data than it was traced with (None: the traced data).
     """
     node = graph.factors[factor]
     own = owner(graph, factor)
 
-    def log_factor(values: Mapping[str, Any], params: Mapping[str, Any]) -> jax.Array:
+    def log_factor(values: Mapping[str, Any], params: Mapping[str, Any], data: Any = None) -> jax.Array:
         constrained = {}
         jacobian = 0.0
         for name, value in {**fixed, **values}.items():
@@ -113,7 +191,7 @@ def factor_log_density(
             constrained[name] = transform(value)
             if name == own:
                 jacobian = jnp.sum(transform.log_abs_det_jacobian(value, constrained[name]))
-        site = replay(graph, constrained, params)[factor]
+        site = replay(graph, constrained, params, data=data)[factor]
         if use_canonical:
             log_prob = canonical.log_density(site.fn, site.value)
         else:

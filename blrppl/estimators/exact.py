@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import jax
 
-from blrppl.estimators.base import FactorEstimator, factor_log_density
+from blrppl.estimators.base import FactorEstimator, Method, factor_log_density, var_info
 from blrppl.graph.nodes import FactorGraph
 from blrppl.symbolic.canonical import Unsupported
 from blrppl.symbolic.analysis import analyse
@@ -34,7 +34,7 @@ def exact_estimator(
     Args:
       graph: the traced model.
       factor: the factor's name.
-      qs: variable name -> :class:`~blrppl.blr.variational.VariableQ`.
+      qs: variable name -> :class:`~blrppl.families.layout.VariableQ`.
       examples: latent values in q's space (for shapes, and the fixed values
         of latents the factor does not touch).
       param_examples: point-estimate name -> value (``numpyro.param`` sites
@@ -49,7 +49,7 @@ def exact_estimator(
     transforms = {v: q.transform for v, q in qs.items() if q.transform is not None}
     fixed = {k: v for k, v in examples.items() if k not in neighbours}
     log_factor = factor_log_density(graph, factor, transforms, fixed, observation_plate=observation_plate)
-    infos = {v: qs[v].info for v in neighbours}
+    infos = {v: var_info(qs[v]) for v in neighbours}
     for p in points:
         infos[p] = VarInfo(POINT, tuple(jax.numpy.shape(param_examples[p])), 0)
 
@@ -66,8 +66,8 @@ def exact_estimator(
         raise NonConjugate(neighbours[0] if neighbours else None, str(error)) from None
     needed = {p: stats_needed(terms.terms, p) for p in points}
 
-    def estimate(rng_key, mean, params, batch=None):
-        del rng_key  # Exact: no randomness.
+    def estimate(rng_key, mean, params, arrays, batch=None):
+        del rng_key, arrays  # Exact: no randomness.
         layout = {v: qs[v].to_value_layout(mean[v]) for v in neighbours}
         point_layout = {p: point_stats(params[p], needed[p]) for p in points}
 
@@ -77,4 +77,4 @@ def exact_estimator(
         value, grads = jax.value_and_grad(expected)(layout)
         return value, {v: qs[v].from_value_layout(grads[v]) for v in neighbours}
 
-    return FactorEstimator(factor, neighbours, "exact", estimate, terms)
+    return FactorEstimator(factor, neighbours, Method(exact=neighbours), estimate, None, terms)

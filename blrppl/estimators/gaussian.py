@@ -52,6 +52,11 @@ from blrppl._types import Array, ArrayLike
 from blrppl.families import _util
 from blrppl.families import mvn as _mvn
 from blrppl.families import normal as _normal
+from blrppl.families.gaussian_step import (
+    positive_definite_step,
+    precision,
+    precision_is_positive_definite,
+)
 from blrppl.families.mvn import MVNStats
 from blrppl.families.normal import NormalStats
 
@@ -247,127 +252,3 @@ def block_hessian(
     per_block = flat_hessian.reshape(blocks, d, blocks, d)
     index = np.arange(blocks)
     return per_block[index, :, index, :].reshape(x.shape + (d,))
-
-
-# Precision safeguards.
-
-
-def precision(natural: GaussianStats) -> Array:
-    """Return the precision Λ of q from λ: -2 x_sq (Normal) or -(xxT + xxTᵀ) (MVN)."""
-    if is_full(natural):
-        return -(natural.xxT + jnp.swapaxes(natural.xxT, -1, -2))
-    return -2.0 * natural.x_sq
-
-
-def precision_is_positive_definite(natural: Any) -> Array:
-    """Report whether a candidate λ is a valid Gaussian: Λ positive definite, λ finite.
-
-    Nothing is clipped or repaired; use the answer to reject a step, shrink ρ,
-    or switch to :func:`positive_definite_step`.
-
-    Args:
-      natural: λ as ``NormalStats``, ``MVNStats``, or a mapping (e.g. variable
-        name -> λ) of them.
-
-    Returns:
-      A boolean array: for ``NormalStats`` elementwise (shape of ``x``), for
-      ``MVNStats`` one per block (batch shape). For a mapping, a scalar: all
-      blocks of all entries valid. Reduce with ``jnp.all`` for one verdict.
-    """
-    if isinstance(natural, Mapping):
-        verdicts = [
-            jnp.all(precision_is_positive_definite(v)) for v in natural.values()
-        ]
-        return jnp.all(jnp.stack(verdicts)) if verdicts else jnp.asarray(True)
-    if is_full(natural):
-        return _mvn.is_valid(natural)
-    return _normal.is_valid(natural)
-
-
-def positive_definite_step(
-    natural: Any, target: Any, rho: ArrayLike, *, only_if_needed: bool = False
-) -> Any:
-    """Take the BLR step λ ← (1-ρ)λ + ρλ̂ keeping the precision positive definite.
-
-    The improved BLR of Lin, Schmidt & Khan (2020, "Handling the
-    positive-definite constraint in the Bayesian learning rule", ICML; their
-    Gaussian case) adds a second-order term to the precision step. With
-    S = Λ the current precision (from ``natural``), Ŝ the precision of the
-    target λ̂ (``target``, usually λ₀ + Σ_f ĝ_f, possibly indefinite when the
-    ĝ_f are estimates of non-concave factors), G = Ŝ - S, m = S⁻¹ λ₁::
-
-        S_new = (1 - ρ) S + ρ Ŝ + (ρ² / 2) G S⁻¹ G
-              = ½ S + ½ (S + ρG) S⁻¹ (S + ρG)             (positive definite)
-        m_new = m + ρ S_new⁻¹ (λ̂₁ - Ŝ m)                  (Khan & Rue, Eq. 12)
-        λ_new = (S_new m_new, -S_new / 2)
-
-    Here λ̂₁ - Ŝ m = ∇_m E_q[log p̄] is the gradient of the expected log joint,
-    so the mean step is Newton-like with the new precision. Without the ρ² term
-    this is exactly the plain rule (Khan & Rue, Eq. 58): the improved step equals
-    the plain one plus (c m, -c / 2) with c = (ρ²/2) G S⁻¹ G, a second-order
-    difference. For a diagonal q the same formulas hold elementwise. S must be
-    positive definite on entry (as it is for any valid q); Ŝ need not be.
-
-    .. warning::
-       ``xxT`` / ``x_sq`` hold -Λ/2, so S = -2 · (xxT coefficient); a target with
-       an *indefinite* precision is one whose ``xxT`` is not negative definite.
-       With ρ = 1 and a positive-definite target this step is *not* the plain
-       (VMP) step, because the correction G S⁻¹ G / 2 remains; pass
-       ``only_if_needed=True`` to take the plain step wherever it is valid.
-
-    Args:
-      natural: the current λ (``NormalStats``, ``MVNStats``, or a mapping of them).
-      target: λ̂, same structure and shapes.
-      rho: step size ρ in (0, 1], a scalar.
-      only_if_needed: use the plain step (1-ρ)λ + ρλ̂ for every block (element
-        for ``NormalStats``) where it is a valid Gaussian, and the improved step
-        only elsewhere. Still no clipping: each block is one of the two rules.
-
-    Returns:
-      The new λ, same structure as ``natural``.
-
-    Example:
-        >>> lam = NormalStats(x=jnp.array(0.0), x_sq=jnp.array(-0.5))
-        >>> bad = NormalStats(x=jnp.array(1.0), x_sq=jnp.array(0.5))  # precision -1
-        >>> new = positive_definite_step(lam, bad, 0.5)
-        >>> bool(precision_is_positive_definite(new))
-        True
-    """
-    if isinstance(natural, Mapping):
-        return {
-            name: positive_definite_step(
-                lam, target[name], rho, only_if_needed=only_if_needed
-            )
-            for name, lam in natural.items()
-        }
-    rho = jnp.asarray(rho, dtype=jnp.result_type(natural.x))
-    full = is_full(natural)
-    s_old, s_target = precision(natural), precision(target)
-    gap = s_target - s_old
-    if full:
-        chol = jnp.linalg.cholesky(_util.symmetrize(s_old))
-        loc = cho_solve((chol, True), natural.x[..., None])[..., 0]
-        whitened = solve_triangular(chol, gap, lower=True)  # L⁻¹ G
-        correction = jnp.swapaxes(whitened, -1, -2) @ whitened  # G S⁻¹ G
-        s_new = _util.symmetrize(
-            (1.0 - rho) * s_old + rho * s_target + 0.5 * rho**2 * correction
-        )
-        newton = target.x - jnp.einsum("...ij,...j->...i", s_target, loc)
-        eta = jnp.einsum("...ij,...j->...i", s_new, loc) + rho * newton
-        improved = MVNStats(x=eta, xxT=-0.5 * s_new)
-    else:
-        loc = natural.x / s_old
-        s_new = (1.0 - rho) * s_old + rho * s_target + 0.5 * rho**2 * gap**2 / s_old
-        improved = NormalStats(
-            x=s_new * loc + rho * (target.x - s_target * loc), x_sq=-0.5 * s_new
-        )
-    if not only_if_needed:
-        return improved
-    plain = jax.tree.map(lambda lam, t: (1.0 - rho) * lam + rho * t, natural, target)
-    valid = precision_is_positive_definite(plain)
-    if full:
-        return MVNStats(
-            x=jnp.where(valid[..., None], plain.x, improved.x),
-            xxT=jnp.where(valid[..., None, None], plain.xxT, improved.xxT),
-        )
-    return jax.tree.map(lambda p, i: jnp.where(valid, p, i), plain, improved)

@@ -23,20 +23,12 @@ from typing import Any
 
 import jax
 
-from blrppl.estimators.base import FactorEstimator, factor_log_density, owner
+from blrppl.estimators.base import FactorEstimator, Method, factor_log_density, owner, var_info
 from blrppl.estimators.nonconjugate import expectation_over, refuse_minibatch
-from blrppl.families import MULTIVARIATE_NORMAL
 from blrppl.graph.nodes import FactorGraph
 from blrppl.symbolic.analysis import analyse
 from blrppl.symbolic.canonical import Unsupported
-from blrppl.symbolic.expectation import (
-    GAUSSIAN,
-    POINT,
-    VarInfo,
-    expected_value,
-    point_stats,
-    stats_needed,
-)
+from blrppl.symbolic.expectation import POINT, VarInfo, expected_value, point_stats, stats_needed
 from blrppl.symbolic.terms import NonConjugate
 
 
@@ -66,14 +58,14 @@ def hybrid_estimator(
         raise NonConjugate(None, "no conjugate neighbour to keep exact")
     own = owner(graph, factor)
     for v in node.neighbours:
-        if (v == own and (v in uncertain or qs[v].transform is not None)) or hasattr(qs[v].transform, "sites"):
+        if (v == own and (v in uncertain or qs[v].transform is not None)) or qs[v].joint:
             raise NonConjugate(v, "the prior of a transformed variable, or a joint block")
     points = tuple(p for p in node.param_neighbours if p in param_examples)
     transforms = {v: q.transform for v, q in qs.items() if q.transform is not None and v not in uncertain}
     fixed = {k: x for k, x in examples.items() if k not in node.neighbours}
     log_factor = factor_log_density(graph, factor, transforms, fixed)
     held = {u: _constrain(qs[u], examples[u]) for u in uncertain}
-    infos = {v: qs[v].info for v in conjugate}
+    infos = {v: var_info(qs[v]) for v in conjugate}
     infos.update({u: VarInfo(POINT, tuple(jax.numpy.shape(held[u])), 0) for u in uncertain})
     infos.update({p: VarInfo(POINT, tuple(jax.numpy.shape(param_examples[p])), 0) for p in points})
 
@@ -90,7 +82,7 @@ def hybrid_estimator(
         method = _auto(qs, uncertain)
     expectation = expectation_over(factor, qs, uncertain, method, num_samples)
 
-    def estimate(rng_key, mean, params, batch=None):
+    def estimate(rng_key, mean, params, arrays, batch=None):
         refuse_minibatch(factor, batch)
         point_layout = {p: point_stats(params[p], needed[p]) for p in points}
 
@@ -105,7 +97,7 @@ def hybrid_estimator(
         (value, uncertain_grads), grads = jax.value_and_grad(conditional, has_aux=True)(layout)
         return value, {**uncertain_grads, **{v: qs[v].from_value_layout(grads[v]) for v in conjugate}}
 
-    return FactorEstimator(factor, tuple(node.neighbours), f"exact+{method}", estimate, terms)
+    return FactorEstimator(factor, tuple(node.neighbours), Method(conjugate, uncertain, method), estimate, None, terms)
 
 
 def _constrain(q: Any, value: Any) -> Any:
@@ -114,9 +106,9 @@ def _constrain(q: Any, value: Any) -> Any:
 
 def _auto(qs: Mapping[str, Any], uncertain: Sequence[str]) -> str:
     """Gauss-Hermite for one small Gaussian, Monte Carlo otherwise."""
-    if len(uncertain) != 1 or qs[uncertain[0]].kind != GAUSSIAN:
+    if len(uncertain) != 1 or not qs[uncertain[0]].family.gaussian or qs[uncertain[0]].family.chain:
         return "mc"
     q = qs[uncertain[0]]
-    if q.family is MULTIVARIATE_NORMAL:
+    if q.family.event_ndim == 1:
         return "quadrature" if not q.num_batch and math.prod(q.block_shape) <= 2 else "mc"
     return "quadrature" if math.prod(q.shape) == 1 else "mc"

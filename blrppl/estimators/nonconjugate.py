@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from blrppl.errors import ModelError
-from blrppl.estimators.base import FactorEstimator, factor_log_density, owner
+from blrppl.estimators.base import FactorEstimator, Method, factor_log_density, owner
 from blrppl.estimators.delta import delta
 from blrppl.estimators.linear_predictor import LinearPredictor, find_linear_predictor
 from blrppl.estimators.monte_carlo import monte_carlo
@@ -43,21 +43,13 @@ from blrppl.estimators.quadrature import (
     hermite_rule,
     predictor_expectations,
 )
-from blrppl.families import (
-    MULTIVARIATE_NORMAL,
-    SCALAR_CHAIN_GAUSSIAN,
-    MVNStats,
-    NormalStats,
-)
+from blrppl.families import MVNStats, NormalStats
 from blrppl.graph.nodes import FactorGraph
-from blrppl.symbolic.expectation import CHAIN, GAUSSIAN
 
 QUADRATURE_POINTS = 10
 #: Nodes per linear predictor: one-dimensional, so many are cheap (softplus-type
 #: likelihoods reach ~1e-5 relative accuracy with 20, 1e-9 with 50).
 PREDICTOR_POINTS = 20
-#: q kinds whose family samples are differentiable in the natural parameters.
-REPARAMETERISED = ("gamma", "inverse_gamma", "beta", "dirichlet", "wishart")
 
 
 def nonconjugate_estimator(
@@ -86,10 +78,10 @@ def nonconjugate_estimator(
     """
     node = graph.factors[factor]
     neighbours = tuple(node.neighbours)
-    gaussians = tuple(v for v in neighbours if qs[v].kind in (GAUSSIAN, CHAIN))
+    gaussians = tuple(v for v in neighbours if qs[v].family.gaussian)
     others = tuple(v for v in neighbours if v not in gaussians)
     for v in others:
-        if qs[v].kind not in REPARAMETERISED:
+        if not qs[v].family.reparameterised:
             raise ModelError(
                 f"site {factor!r}: the factor is not conjugate in its neighbours ({reason}), and "
                 f"{v!r} has a {qs[v].family.name} q, which has no reparameterised sampler; "
@@ -113,7 +105,7 @@ def nonconjugate_estimator(
         )
     log_density = factor_log_density(graph, factor, transforms, fixed, use_canonical=False)
     for v in neighbours:
-        if qs[v].kind == CHAIN and not _separable_in_time(log_density, examples, neighbours, v):
+        if qs[v].family.chain and not _separable_in_time(log_density, examples, neighbours, v):
             raise ModelError(
                 f"site {factor!r}: the factor is not conjugate in the chain {v!r} ({reason}) and couples "
                 "its time steps; non-conjugate site parameters of a chain are available for factors "
@@ -122,11 +114,11 @@ def nonconjugate_estimator(
             )
     expectation = expectation_over(factor, qs, neighbours, method, num_samples)
 
-    def estimate(rng_key, mean, params, batch=None):
+    def estimate(rng_key, mean, params, arrays, batch=None):
         refuse_minibatch(factor, batch)
-        return expectation(rng_key, mean, lambda values: log_density(values, params))
+        return expectation(rng_key, mean, lambda values: log_density(values, params, arrays.data))
 
-    return FactorEstimator(factor, neighbours, method, estimate)
+    return FactorEstimator(factor, neighbours, Method((), neighbours, method), estimate)
 
 
 def refuse_minibatch(factor: str, batch: Any) -> None:
@@ -148,7 +140,7 @@ def expectation_over(
     reparameterised Monte Carlo through their mean parameters, the Gaussian
     estimator running on ``log_f`` averaged over their draws.
     """
-    gaussians = tuple(v for v in variables if qs[v].kind in (GAUSSIAN, CHAIN))
+    gaussians = tuple(v for v in variables if qs[v].family.gaussian)
     others = tuple(v for v in variables if v not in gaussians)
     if method == "delta":
         gaussian = delta()
@@ -161,14 +153,14 @@ def expectation_over(
 
     def gaussian_estimate(rng_key, mean, log_f):
         """Bonnet/Price site parameters of the Gaussian variables of ``log_f``."""
-        marginal = {v: _marginals(qs[v], mean[v]) for v in gaussians}
+        marginal = {v: qs[v].marginals(mean[v]) for v in gaussians}
         if method == "quadrature":
             (v,) = gaussians
             value, grad = gaussian.estimate(rng_key, marginal[v], lambda x: log_f({v: x}))
             grads = {v: grad}
         else:
             value, grads = gaussian.estimate(rng_key, marginal, log_f)
-        return value, {v: _from_marginals(qs[v], mean[v], g) for v, g in dict(grads).items()}
+        return value, {v: qs[v].from_marginals(mean[v], g) for v, g in dict(grads).items()}
 
     def others_estimate(rng_key, mean, log_f):
         """Reparameterised MC through the mean parameters of the other variables."""
@@ -200,23 +192,6 @@ def expectation_over(
     return estimate
 
 
-def _marginals(q: Any, mean: Any) -> Any:
-    """A chain Gaussian's per-time marginals as independent Gaussian blocks (else ``mean``)."""
-    if q.kind != CHAIN:
-        return mean
-    if q.family is SCALAR_CHAIN_GAUSSIAN or jnp.ndim(mean.xx) == jnp.ndim(mean.x):
-        return NormalStats(x=mean.x, x_sq=mean.xx)
-    return MVNStats(x=mean.x, xxT=mean.xx)
-
-
-def _from_marginals(q: Any, mean: Any, grad: Any) -> Any:
-    """Per-time site parameters back in the chain's layout (no lag-one part)."""
-    if q.kind != CHAIN:
-        return grad
-    xx = grad.x_sq if isinstance(grad, NormalStats) else grad.xxT
-    return type(mean)(x=grad.x, xx=xx, x_next=jnp.zeros_like(mean.x_next))
-
-
 def _separable_in_time(log_density, examples, neighbours, v, num_masks: int = 3) -> bool:
     """Whether log f's Hessian in the chain ``v`` is block diagonal over time (random masks)."""
     x0 = jnp.asarray(examples[v], dtype=float)
@@ -244,9 +219,9 @@ def _linear_predictor(graph, factor, qs, examples, transforms, fixed):
     names = tuple(node.neighbours)
     for v in names:
         q = qs[v]
-        if q.kind != GAUSSIAN or q.transform is not None or owner(graph, factor) == v:
+        if not q.family.gaussian or q.family.chain or q.transform is not None or owner(graph, factor) == v:
             return None
-        if q.family is MULTIVARIATE_NORMAL and q.num_batch:
+        if q.family.event_ndim == 1 and q.num_batch:
             return None
     if node.param_neighbours:
         return None
@@ -274,8 +249,8 @@ def _predictor_estimator(factor: str, qs, predictor: LinearPredictor, names, sli
     """
     nodes, weights = hermite_rule(PREDICTOR_POINTS)
 
-    def estimate(rng_key, mean, params, batch=None):
-        del rng_key, params
+    def estimate(rng_key, mean, params, arrays, batch=None):
+        del rng_key, params, arrays
         refuse_minibatch(factor, batch)
         design = predictor.design
         eta_mean, eta_var = predictor.offset, 0.0
@@ -306,7 +281,7 @@ def _predictor_estimator(factor: str, qs, predictor: LinearPredictor, names, sli
                 grads[v] = NormalStats(x=jnp.reshape(g - diagonal * m, shape), x_sq=jnp.reshape(0.5 * diagonal, shape))
         return jnp.sum(expected), grads
 
-    return FactorEstimator(factor, tuple(names), "quadrature", estimate)
+    return FactorEstimator(factor, tuple(names), Method((), tuple(names), "quadrature"), estimate, closed_data=True)
 
 
 def _auto_method(graph, factor, qs, examples, transforms, fixed, gaussians, others) -> str:
@@ -321,9 +296,9 @@ def _auto_method(graph, factor, qs, examples, transforms, fixed, gaussians, othe
         return "mc"
     (v,) = gaussians
     q = qs[v]
-    if q.kind == CHAIN:  # separable over time (checked): one small Gaussian per step
+    if q.family.chain:  # separable over time (checked): one small Gaussian per step
         return "quadrature" if math.prod(q.shape[1:]) <= 2 else "mc"
-    if q.family is MULTIVARIATE_NORMAL:
+    if q.family.event_ndim == 1:
         return "quadrature" if not q.num_batch and math.prod(q.block_shape) <= 2 else "mc"
     log_density = factor_log_density(graph, factor, transforms, fixed, use_canonical=False)
     x0 = jnp.asarray(examples[v], dtype=float)
@@ -339,6 +314,4 @@ def _auto_method(graph, factor, qs, examples, transforms, fixed, gaussians, othe
 
 def _small(qs, neighbours) -> bool:
     """Exact Hessians for small factors; gradient-only estimates for large ones."""
-    import math
-
     return sum(math.prod(qs[v].shape) for v in neighbours) <= 64

@@ -9,25 +9,27 @@ from blrppl.families.base import ExpFamily, entropy, family_inner, kl_divergence
 from blrppl.families.bernoulli import BERNOULLI, BernoulliStats
 from blrppl.families.beta import BETA, BetaStats
 from blrppl.families.categorical import CATEGORICAL, CategoricalStats
-from blrppl.families.chain_categorical import CHAIN_CATEGORICAL, ChainCategoricalStats
-from blrppl.families.chain_gaussian import (
-    CHAIN_GAUSSIAN,
-    CHAIN_GAUSSIAN_PARALLEL,
-    SCALAR_CHAIN_GAUSSIAN,
-    SCALAR_CHAIN_GAUSSIAN_PARALLEL,
-    ChainGaussianStats,
-)
+from blrppl.families.chain_categorical import ChainCategoricalStats
+from blrppl.families.chain_gaussian import ChainGaussianStats
 from blrppl.families.dirichlet import DIRICHLET, DirichletStats
 from blrppl.families.gamma import GAMMA, GammaStats
 from blrppl.families.inverse_gamma import INVERSE_GAMMA, InverseGammaStats
 from blrppl.families.mvn import MULTIVARIATE_NORMAL, MVNStats
 from blrppl.families.normal import DIAGONAL_NORMAL, NORMAL, NormalStats
 from blrppl.families.point_mass import PointMass
+from blrppl.families.layout import Layout, VariableQ
 from blrppl.families.registry import (
+    CHAIN_CATEGORICAL,
+    CHAIN_GAUSSIAN,
+    CHAIN_GAUSSIAN_PARALLEL,
     FAMILIES,
+    SCALAR_CHAIN_GAUSSIAN,
+    SCALAR_CHAIN_GAUSSIAN_PARALLEL,
+    default_family_name,
     family_for_distribution,
     get_family,
     prior_natural,
+    statistic_name,
 )
 from blrppl.families.wishart import WISHART, WishartStats
 
@@ -57,10 +59,14 @@ __all__ = [
     "ExpFamily",
     "GammaStats",
     "InverseGammaStats",
+    "Layout",
     "MVNStats",
     "NormalStats",
     "PointMass",
+    "VariableQ",
     "WishartStats",
+    "default_family_name",
+    "statistic_name",
     "entropy",
     "family_for_distribution",
     "family_inner",

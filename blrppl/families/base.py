@@ -18,7 +18,7 @@ Gaussian with block-tridiagonal precision) keeps only the statistics it needs
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +49,40 @@ class ExpFamily(NamedTuple):
         is_valid: ``λ -> bool array`` (batch shaped): λ lies in the natural
             parameter space.
         batch_shape: ``λ -> tuple``.
+
+    The remaining fields are what the rest of blrppl reads off a family, so
+    that nothing outside ``families/`` switches on family names (one record
+    per family; :mod:`blrppl.families.registry` lists them):
+
+        kind: the symbolic vocabulary of the family (``"gaussian"``,
+            ``"gamma"``, ...): which statistic a read of the value lands on.
+        statistics: ``((atom kind, power), field)`` pairs: a monomial of the
+            value (``("x", 1)``, ``("log", 1)``, ``("x", -1)``, ...) that *is*
+            the named sufficient statistic, so its expectation is a mean
+            parameter (:func:`blrppl.families.registry.statistic_name`).
+        layout: how the statistics meet a variable's value layout
+            (:class:`~blrppl.families.layout.Layout`).
+        reparameterised: ``sample`` is differentiable in λ (Monte Carlo
+            natural gradients through the mean parameters).
+        gaussian: q is Gaussian in each position (a Gaussian, or a chain
+            Gaussian's per-time marginals): estimated site parameters use
+            Bonnet's and Price's theorems (Khan & Rue, Eqs. 10-11).
+        prior_types: numpyro prior types whose default q is this family.
+        fixed_support: the support an override ``families={site: name}``
+            must match exactly; None for families that take any continuous
+            support (Gaussians on the unconstrained space) or check their own.
+        start_at: ``(λ, value) -> λ`` centred at ``value`` (same batch shape,
+            values shaped like ``sample``), keeping λ's spread: ``init=``
+            by value and random restarts.
+        random_restart: restarts re-centre q at a draw from itself
+            (``False``: q keeps its default start, e.g. random
+            responsibilities or a chain).
+        safe_step: ``(λ, λ̂, ρ) -> λ``, the BLR step (Eq. 58) kept in the
+            natural parameter space (Gaussians: the improved BLR of Lin,
+            Schmidt & Khan 2020); None for the plain step with step halving.
+        index_valued: the values are category indices (Categorical and its
+            chain): the symbolic layer enumerates them where they index arrays.
+        chain: the family is a chain over a leading time axis.
     """
 
     name: str
@@ -68,8 +102,18 @@ class ExpFamily(NamedTuple):
     sample: Callable
     is_valid: Callable
     batch_shape: Callable
-
-
+    kind: str = ""
+    statistics: tuple = ()
+    layout: Any = None
+    reparameterised: bool = False
+    gaussian: bool = False
+    prior_types: tuple = ()
+    fixed_support: Any = None
+    start_at: Optional[Callable] = None
+    random_restart: bool = True
+    safe_step: Optional[Callable] = None
+    index_valued: bool = False
+    chain: bool = False
 
 
 def family_inner(family: ExpFamily, natural: Any, stats: Any) -> jax.Array:

@@ -16,6 +16,7 @@ from numpyro.distributions import constraints
 from blrppl._types import Array, ArrayLike, PRNGKey
 from blrppl.families import _util
 from blrppl.families.base import ExpFamily
+from blrppl.families.layout import elementwise_layout
 
 
 class BernoulliStats(NamedTuple):
@@ -105,6 +106,11 @@ def is_valid(natural: BernoulliStats) -> Array:
     return jnp.isfinite(natural.x)
 
 
+def start_at(natural: BernoulliStats, value: ArrayLike) -> BernoulliStats:
+    """Probability 0.9 on ``value`` (0 or 1)."""
+    return BernoulliStats(x=jnp.where(jnp.asarray(value) > 0.5, 1.0, -1.0) * jnp.log(9.0))
+
+
 BERNOULLI = ExpFamily(
     name="Bernoulli",
     stats_type=BernoulliStats,
@@ -123,5 +129,9 @@ BERNOULLI = ExpFamily(
     sample=sample,
     is_valid=is_valid,
     batch_shape=lambda natural: tuple(jnp.shape(natural.x)),
+    kind="bernoulli",
+    layout=elementwise_layout(),
+    prior_types=(dist.BernoulliProbs, dist.BernoulliLogits),
+    start_at=start_at,
 )
 """Bernoulli over {0, 1}; λ is the logit."""

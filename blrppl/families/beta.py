@@ -22,6 +22,7 @@ from numpyro.distributions import constraints
 from blrppl._types import Array, ArrayLike, PRNGKey
 from blrppl.families import _util
 from blrppl.families.base import ExpFamily
+from blrppl.families.layout import elementwise_layout
 from blrppl.families.dirichlet import solve_dirichlet
 
 
@@ -117,6 +118,13 @@ def is_valid(natural: BetaStats) -> Array:
     return jnp.isfinite(a) & jnp.isfinite(b) & (a > 0) & (b > 0)
 
 
+def start_at(natural: BetaStats, value: ArrayLike) -> BetaStats:
+    """λ with mean ``value`` and λ's total concentration α + β."""
+    usual = to_usual(natural)
+    total = usual["concentration1"] + usual["concentration0"]
+    return from_usual(value * total, (1.0 - value) * total)
+
+
 BETA = ExpFamily(
     name="Beta",
     stats_type=BetaStats,
@@ -135,5 +143,12 @@ BETA = ExpFamily(
     sample=sample,
     is_valid=is_valid,
     batch_shape=lambda natural: tuple(jnp.shape(natural.log_x)),
+    kind="beta",
+    statistics=((("log", 1), "log_x"), (("log1m", 1), "log1m_x")),
+    layout=elementwise_layout(),
+    reparameterised=True,
+    prior_types=(dist.Beta,),
+    fixed_support=constraints.unit_interval,
+    start_at=start_at,
 )
 """Beta(concentration1 α, concentration0 β) over (0, 1)."""

@@ -28,6 +28,7 @@ from numpyro.distributions import constraints
 from blrppl._types import Array, ArrayLike, PRNGKey
 from blrppl.families import _util
 from blrppl.families.base import ExpFamily
+from blrppl.families.layout import elementwise_layout
 
 
 class CategoricalStats(NamedTuple):
@@ -134,6 +135,13 @@ def is_valid(natural: CategoricalStats) -> Array:
     return allowed & jnp.any(jnp.isfinite(lam), axis=-1)
 
 
+def start_at(natural: CategoricalStats, value: ArrayLike) -> CategoricalStats:
+    """Probabilities 0.9 on category ``value`` and 0.1 spread over all K."""
+    num = natural.one_hot.shape[-1]
+    probs = 0.9 * jax.nn.one_hot(jnp.asarray(value).astype(jnp.int32), num) + 0.1 / num
+    return CategoricalStats(one_hot=jnp.log(probs))
+
+
 CATEGORICAL = ExpFamily(
     name="Categorical",
     stats_type=CategoricalStats,
@@ -152,5 +160,12 @@ CATEGORICAL = ExpFamily(
     sample=sample,
     is_valid=is_valid,
     batch_shape=lambda natural: tuple(natural.one_hot.shape[:-1]),
+    kind="categorical",
+    statistics=((("one_hot", 1), "one_hot"),),
+    layout=elementwise_layout(),
+    prior_types=(dist.CategoricalProbs, dist.CategoricalLogits),
+    start_at=start_at,
+    random_restart=False,
+    index_valued=True,
 )
 """Categorical over {0, ..., K-1}; λ shaped (..., K)."""

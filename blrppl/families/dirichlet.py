@@ -25,6 +25,7 @@ from numpyro.distributions import constraints
 from blrppl._types import Array, ArrayLike, PRNGKey
 from blrppl.families import _util
 from blrppl.families.base import ExpFamily
+from blrppl.families.layout import elementwise_layout
 
 NEWTON_STEPS = 10
 """Newton steps in log α₀. Eight reach float64 conditioning for α_k in [3e-3, 3e3]."""
@@ -174,6 +175,12 @@ def is_valid(natural: DirichletStats) -> Array:
     return jnp.all(jnp.isfinite(alpha) & (alpha > 0), axis=-1)
 
 
+def start_at(natural: DirichletStats, value: ArrayLike) -> DirichletStats:
+    """λ with mean ``value`` and λ's total concentration."""
+    total = jnp.sum(to_usual(natural)["concentration"], -1, keepdims=True)
+    return from_usual(value * total)
+
+
 DIRICHLET = ExpFamily(
     name="Dirichlet",
     stats_type=DirichletStats,
@@ -192,5 +199,12 @@ DIRICHLET = ExpFamily(
     sample=sample,
     is_valid=is_valid,
     batch_shape=lambda natural: tuple(jnp.shape(natural.log_x)[:-1]),
+    kind="dirichlet",
+    statistics=((("log", 1), "log_x"),),
+    layout=elementwise_layout(),
+    reparameterised=True,
+    prior_types=(dist.Dirichlet,),
+    fixed_support=constraints.simplex,
+    start_at=start_at,
 )
 """Dirichlet(concentration α) over the simplex, shape (..., K)."""

@@ -26,6 +26,7 @@ from numpyro.distributions import constraints
 from blrppl._types import Array, ArrayLike, PRNGKey
 from blrppl.families import _util
 from blrppl.families.base import ExpFamily
+from blrppl.families.layout import elementwise_layout
 
 NEWTON_STEPS = 4
 """Newton steps in 1/a; from Minka's start 3 already reach float64 conditioning."""
@@ -155,6 +156,12 @@ def is_valid(natural: GammaStats) -> Array:
     return jnp.isfinite(a) & jnp.isfinite(b) & (a > 0) & (b > 0)
 
 
+def start_at(natural: GammaStats, value: ArrayLike) -> GammaStats:
+    """λ of the Gamma with λ's shape a and mean ``value`` (rate a / value)."""
+    a = to_usual(natural)["concentration"]
+    return from_usual(a, a / value)
+
+
 GAMMA = ExpFamily(
     name="Gamma",
     stats_type=GammaStats,
@@ -173,5 +180,12 @@ GAMMA = ExpFamily(
     sample=sample,
     is_valid=is_valid,
     batch_shape=lambda natural: tuple(jnp.shape(natural.x)),
+    kind="gamma",
+    statistics=((("x", 1), "x"), (("log", 1), "log_x")),
+    layout=elementwise_layout(),
+    reparameterised=True,
+    prior_types=(dist.Gamma, dist.Exponential),
+    fixed_support=constraints.positive,
+    start_at=start_at,
 )
 """Gamma(concentration a, rate b) over positive scalars."""

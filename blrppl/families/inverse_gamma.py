@@ -25,6 +25,7 @@ from numpyro.distributions import constraints
 from blrppl._types import Array, ArrayLike, PRNGKey
 from blrppl.families import _util
 from blrppl.families.base import ExpFamily
+from blrppl.families.layout import elementwise_layout
 from blrppl.families.gamma import solve_log_minus_digamma
 
 
@@ -121,6 +122,12 @@ def is_valid(natural: InverseGammaStats) -> Array:
     return jnp.isfinite(a) & jnp.isfinite(b) & (a > 0) & (b > 0)
 
 
+def start_at(natural: InverseGammaStats, value: ArrayLike) -> InverseGammaStats:
+    """λ with mean ``value``: shape max(a, 2) (a finite mean), scale value (a - 1)."""
+    a = jnp.maximum(to_usual(natural)["concentration"], 2.0)
+    return from_usual(a, value * (a - 1.0))
+
+
 INVERSE_GAMMA = ExpFamily(
     name="InverseGamma",
     stats_type=InverseGammaStats,
@@ -139,5 +146,12 @@ INVERSE_GAMMA = ExpFamily(
     sample=sample,
     is_valid=is_valid,
     batch_shape=lambda natural: tuple(jnp.shape(natural.inv_x)),
+    kind="inverse_gamma",
+    statistics=((("x", -1), "inv_x"), (("log", 1), "log_x")),
+    layout=elementwise_layout(),
+    reparameterised=True,
+    prior_types=(dist.InverseGamma,),
+    fixed_support=constraints.positive,
+    start_at=start_at,
 )
 """InverseGamma(concentration a, scale b) over positive scalars."""

@@ -17,12 +17,13 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpyro.distributions as dist
-from jax.scipy.linalg import solve_triangular
+from jax.scipy.linalg import cho_solve, solve_triangular
 from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
 from blrppl.families import _util
 from blrppl.families.base import ExpFamily
+from blrppl.families.layout import Layout
 
 
 class MVNStats(NamedTuple):
@@ -198,6 +199,66 @@ def is_valid(natural: MVNStats) -> Array:
     return finite & _util.is_positive_definite(_precision(natural))
 
 
+def improved_step(natural: MVNStats, target: MVNStats, rho: ArrayLike) -> MVNStats:
+    """The improved BLR step of Lin, Schmidt & Khan (2020) for full Gaussians.
+
+    With S = Λ the current precision, Ŝ the target's (possibly indefinite),
+    G = Ŝ - S and m = S⁻¹ λ₁::
+
+        S_new = (1 - ρ) S + ρ Ŝ + (ρ² / 2) G S⁻¹ G            (positive definite)
+        m_new = m + ρ S_new⁻¹ (λ̂₁ - Ŝ m)                      (Khan & Rue, Eq. 12)
+
+    See :func:`blrppl.families.gaussian_step.positive_definite_step`.
+    """
+    rho = jnp.asarray(rho, dtype=jnp.result_type(natural.x))
+    s_old, s_target = _precision(natural), _precision(target)
+    gap = s_target - s_old
+    chol = jnp.linalg.cholesky(_util.symmetrize(s_old))
+    loc = cho_solve((chol, True), natural.x[..., None])[..., 0]
+    whitened = solve_triangular(chol, gap, lower=True)  # L⁻¹ G
+    correction = jnp.swapaxes(whitened, -1, -2) @ whitened  # G S⁻¹ G
+    s_new = _util.symmetrize((1.0 - rho) * s_old + rho * s_target + 0.5 * rho**2 * correction)
+    newton = target.x - jnp.einsum("...ij,...j->...i", s_target, loc)
+    eta = jnp.einsum("...ij,...j->...i", s_new, loc) + rho * newton
+    return MVNStats(x=eta, xxT=-0.5 * s_new)
+
+
+def safe_step(natural: MVNStats, target: MVNStats, rho: ArrayLike) -> MVNStats:
+    """Eq. 58 for every block where it stays valid, :func:`improved_step` elsewhere."""
+    plain = jax.tree.map(lambda lam, t: (1.0 - rho) * lam + rho * t, natural, target)  # Eq. 58
+    valid = is_valid(plain)
+    improved = improved_step(natural, target, rho)
+    return MVNStats(
+        x=jnp.where(valid[..., None], plain.x, improved.x),
+        xxT=jnp.where(valid[..., None, None], plain.xxT, improved.xxT),
+    )
+
+
+def start_at(natural: MVNStats, value: ArrayLike) -> MVNStats:
+    """λ centred at ``value`` (shape batch + (d,)) with λ's precision."""
+    return natural._replace(x=-2.0 * jnp.einsum("...ij,...j->...i", natural.xxT, value))
+
+
+def _to_value_layout(q, mean: MVNStats) -> dict:
+    return {"x": jnp.reshape(mean.x, q.shape), "xx": jnp.reshape(mean.xxT, q.shape + q.block_shape)}
+
+
+def _from_value_layout(q, grads: dict) -> MVNStats:
+    d = math.prod(q.block_shape)
+    xxT = jnp.reshape(grads["xx"], q.batch_shape + (d, d))
+    return MVNStats(x=jnp.reshape(grads["x"], q.batch_shape + (d,)), xxT=_util.symmetrize(xxT))
+
+
+def _example(q) -> MVNStats:
+    d = math.prod(q.block_shape)
+    eye = jnp.broadcast_to(jnp.eye(d), q.batch_shape + (d, d))
+    return MVNStats(x=jnp.zeros(q.batch_shape + (d,)), xxT=-0.5 * eye)
+
+
+LAYOUT = Layout(_to_value_layout, _from_value_layout, _example)
+"""One full-covariance block over the value's trailing (block) axes, flattened to d."""
+
+
 MULTIVARIATE_NORMAL = ExpFamily(
     name="MultivariateNormal",
     stats_type=MVNStats,
@@ -216,5 +277,13 @@ MULTIVARIATE_NORMAL = ExpFamily(
     sample=sample,
     is_valid=is_valid,
     batch_shape=lambda natural: tuple(jnp.shape(natural.x)[:-1]),
+    kind="gaussian",
+    statistics=((("x", 1), "x"),),
+    layout=LAYOUT,
+    reparameterised=True,
+    gaussian=True,
+    prior_types=(dist.MultivariateNormal, dist.LowRankMultivariateNormal),
+    start_at=start_at,
+    safe_step=safe_step,
 )
 """Full-covariance Gaussian over vectors (..., d)."""

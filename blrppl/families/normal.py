@@ -21,6 +21,7 @@ from numpyro.distributions import constraints
 from blrppl._types import Array, ArrayLike, PRNGKey
 from blrppl.families import _util
 from blrppl.families.base import ExpFamily
+from blrppl.families.layout import Layout
 
 
 class NormalStats(NamedTuple):
@@ -126,28 +127,6 @@ def is_valid(natural: NormalStats) -> Array:
     return finite & (natural.x_sq < 0)
 
 
-NORMAL = ExpFamily(
-    name="Normal",
-    stats_type=NormalStats,
-    event_ndim=0,
-    support=constraints.real,
-    sufficient_stats=sufficient_stats,
-    log_base_measure=log_base_measure,
-    expected_log_base_measure=expected_log_base_measure,
-    log_normalizer=log_normalizer,
-    mean_params=mean_params,
-    natural_params=natural_params,
-    from_usual=from_usual,
-    to_usual=to_usual,
-    from_numpyro=from_numpyro,
-    to_numpyro=to_numpyro,
-    sample=sample,
-    is_valid=is_valid,
-    batch_shape=lambda natural: tuple(jnp.shape(natural.x)),
-)
-"""Normal(loc, scale) over scalars; any batch shape."""
-
-
 # Diagonal Normal: the same statistics with one event dimension (d,).
 
 
@@ -168,6 +147,84 @@ def _diagonal_is_valid(natural: NormalStats) -> Array:
     return jnp.all(is_valid(natural), axis=-1)
 
 
+def improved_step(natural: NormalStats, target: NormalStats, rho: ArrayLike) -> NormalStats:
+    """The improved BLR step of Lin, Schmidt & Khan (2020), elementwise.
+
+    With s = -2 λ₂ the current precision, ŝ that of the target λ̂ (possibly
+    negative) and g = ŝ - s, m = λ₁ / s::
+
+        s_new = (1 - ρ) s + ρ ŝ + (ρ² / 2) g² / s          (positive)
+        λ_new = (s_new m + ρ (λ̂₁ - ŝ m), -s_new / 2)
+
+    See :func:`blrppl.families.gaussian_step.positive_definite_step`.
+    """
+    rho = jnp.asarray(rho, dtype=jnp.result_type(natural.x))
+    s_old, s_target = -2.0 * natural.x_sq, -2.0 * target.x_sq
+    gap = s_target - s_old
+    loc = natural.x / s_old
+    s_new = (1.0 - rho) * s_old + rho * s_target + 0.5 * rho**2 * gap**2 / s_old
+    return NormalStats(x=s_new * loc + rho * (target.x - s_target * loc), x_sq=-0.5 * s_new)
+
+
+def safe_step(natural: NormalStats, target: NormalStats, rho: ArrayLike) -> NormalStats:
+    """Eq. 58 where it stays a valid Gaussian, :func:`improved_step` elsewhere (no clipping)."""
+    plain = jax.tree.map(lambda lam, t: (1.0 - rho) * lam + rho * t, natural, target)  # Eq. 58
+    valid = is_valid(plain)
+    improved = improved_step(natural, target, rho)
+    return jax.tree.map(lambda p, i: jnp.where(valid, p, i), plain, improved)
+
+
+def start_at(natural: NormalStats, value: ArrayLike) -> NormalStats:
+    """λ centred at ``value`` with λ's variance."""
+    return natural._replace(x=-2.0 * natural.x_sq * value)
+
+
+def _to_value_layout(q, mean: NormalStats) -> dict:
+    return {"x": jnp.reshape(mean.x, q.shape), "xx": jnp.reshape(mean.x_sq, q.shape)}
+
+
+def _from_value_layout(q, grads: dict) -> NormalStats:
+    return NormalStats(x=jnp.reshape(grads["x"], q.shape), x_sq=jnp.reshape(grads["xx"], q.shape))
+
+
+def _example(q) -> NormalStats:
+    return NormalStats(x=jnp.zeros(q.shape), x_sq=jnp.full(q.shape, -0.5))
+
+
+LAYOUT = Layout(_to_value_layout, _from_value_layout, _example)
+"""Independent scalar Gaussians, one per element of the value (value layout = family layout)."""
+
+
+NORMAL = ExpFamily(
+    name="Normal",
+    stats_type=NormalStats,
+    event_ndim=0,
+    support=constraints.real,
+    sufficient_stats=sufficient_stats,
+    log_base_measure=log_base_measure,
+    expected_log_base_measure=expected_log_base_measure,
+    log_normalizer=log_normalizer,
+    mean_params=mean_params,
+    natural_params=natural_params,
+    from_usual=from_usual,
+    to_usual=to_usual,
+    from_numpyro=from_numpyro,
+    to_numpyro=to_numpyro,
+    sample=sample,
+    is_valid=is_valid,
+    batch_shape=lambda natural: tuple(jnp.shape(natural.x)),
+    kind="gaussian",
+    statistics=((("x", 1), "x"),),
+    layout=LAYOUT,
+    reparameterised=True,
+    gaussian=True,
+    prior_types=(dist.Normal,),
+    start_at=start_at,
+    safe_step=safe_step,
+)
+"""Normal(loc, scale) over scalars; any batch shape."""
+
+
 DIAGONAL_NORMAL = ExpFamily(
     name="DiagonalNormal",
     stats_type=NormalStats,
@@ -186,5 +243,12 @@ DIAGONAL_NORMAL = ExpFamily(
     sample=sample,
     is_valid=_diagonal_is_valid,
     batch_shape=lambda natural: tuple(jnp.shape(natural.x)[:-1]),
+    kind="gaussian",
+    statistics=((("x", 1), "x"),),
+    layout=LAYOUT,
+    reparameterised=True,
+    gaussian=True,
+    start_at=start_at,
+    safe_step=safe_step,
 )
 """Mean-field Normal over vectors, ``Normal(loc, scale).to_event(1)``; λ is (..., d)."""

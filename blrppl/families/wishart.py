@@ -41,6 +41,7 @@ from numpyro.distributions import constraints
 from blrppl._types import Array, ArrayLike, PRNGKey
 from blrppl.families import _util
 from blrppl.families.base import ExpFamily
+from blrppl.families.layout import elementwise_layout
 
 NEWTON_STEPS = 8
 """Newton steps in 1/(n - d + 1); the iteration is monotone from the start used."""
@@ -258,6 +259,12 @@ def is_valid(natural: WishartStats) -> Array:
     return ok_df & _util.is_positive_definite(rate)
 
 
+def start_at(natural: WishartStats, value: ArrayLike) -> WishartStats:
+    """λ with mean ``value`` (scale value / n) and λ's degrees of freedom n."""
+    n = to_usual(natural)["concentration"]
+    return from_usual(n, value / n[..., None, None])
+
+
 WISHART = ExpFamily(
     name="Wishart",
     stats_type=WishartStats,
@@ -276,5 +283,12 @@ WISHART = ExpFamily(
     sample=sample,
     is_valid=is_valid,
     batch_shape=lambda natural: tuple(jnp.shape(natural.log_det_x)),
+    kind="wishart",
+    statistics=((("x", 1), "x"), (("logdet", 1), "log_det_x")),
+    layout=elementwise_layout(symmetric=("x",)),
+    reparameterised=True,
+    prior_types=(dist.Wishart,),
+    fixed_support=constraints.positive_definite,
+    start_at=start_at,
 )
 """Wishart(n, V) over d x d positive-definite matrices."""

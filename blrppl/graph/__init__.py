@@ -1,8 +1,8 @@
 """Tracing NumPyro models into factor graphs (the only place handlers appear).
 
-``trace(model, *args, **kwargs)`` returns a :class:`FactorGraph`; engines call
-``build_graph`` (the same, with per-site family overrides) and ``replay`` (the
-model re-run at given latent values) to evaluate factors.
+``build_graph(model, args, kwargs)`` returns a :class:`FactorGraph` (the
+user-facing ``blrppl.trace`` adds each edge's conjugacy verdict); ``replay``
+re-runs the model at given latent values to evaluate factors.
 """
 
 from blrppl.graph.nodes import (
@@ -16,7 +16,7 @@ from blrppl.graph.nodes import (
     VariableNode,
 )
 from blrppl.graph.replay import ReplayedSite, replay
-from blrppl.graph.trace import build_graph, trace
+from blrppl.graph.trace import build_graph
 
 __all__ = [
     "ChainInfo",
@@ -30,5 +30,4 @@ __all__ = [
     "VariableNode",
     "build_graph",
     "replay",
-    "trace",
 ]

@@ -1,28 +1,11 @@
-"""Which q family each latent site gets: the default from its prior, and overrides.
+"""Which q each latent variable gets: its family (default or override) and layout.
 
-Family names are plain strings (the ``families={site: name}`` vocabulary):
-
-==================  ==========================================================
-prior               q family
-==================  ==========================================================
-Normal              ``"Normal"`` (scalar events), ``"MultivariateNormal"``
-                    (``.to_event``)
-MultivariateNormal  ``"MultivariateNormal"`` (also ``LowRankMultivariateNormal``)
-Gamma, Exponential  ``"Gamma"``
-InverseGamma        ``"InverseGamma"``
-Beta                ``"Beta"``
-Dirichlet           ``"Dirichlet"``
-Categorical         ``"Categorical"`` (and any other finite discrete prior,
-                    over its enumerated support)
-Bernoulli           ``"Bernoulli"``
-Wishart             ``"Wishart"``
-GaussianRandomWalk, ``"ChainGaussian"`` (also Gaussian chains written with
-GaussianStateSpace  ``scan``; discrete ones get ``"ChainCategorical"``);
-                    ``families={site: "ChainGaussianParallel"}`` selects the
-                    parallel-in-time (associative scan) smoother
-anything else       ``"Normal"`` / ``"MultivariateNormal"`` on the
-                    unconstrained space, with ``transform = biject_to(support)``
-==================  ==========================================================
+The default family of a prior comes from the one registry
+(:func:`blrppl.families.registry.default_family_name`); a prior without an
+exponential-family q gets a Gaussian on the unconstrained space of its support
+(``transform = biject_to(support)``). :func:`variable_q` lays the family out
+over the variable's value (:class:`~blrppl.families.layout.VariableQ`):
+mean-field over plates, a full-covariance Gaussian block over the other axes.
 
 A discrete prior with infinite support (Poisson, Geometric, ...) has no q
 family and raises :class:`~blrppl.errors.ModelError`.
@@ -37,48 +20,19 @@ import numpyro.distributions as dist
 from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
 
-from blrppl.errors import site_error
-
-GAUSSIAN_FAMILIES = ("Normal", "MultivariateNormal", "DiagonalNormal")
-# "ChainGaussianParallel" is the chain Gaussian whose smoother runs as an
-# associative scan (Sarkka & Garcia-Fernandez 2021): same q, O(log T) depth.
-CHAIN_FAMILIES = ("ChainGaussian", "ChainGaussianParallel", "ChainCategorical")
-
-# Families whose values live in one fixed support; an override to one of these
-# must match the site's support exactly.
-_FIXED_SUPPORT = {
-    "Gamma": constraints.positive,
-    "InverseGamma": constraints.positive,
-    "Beta": constraints.unit_interval,
-    "Dirichlet": constraints.simplex,
-    "Wishart": constraints.positive_definite,
-}
-
-FAMILY_NAMES = (
-    *GAUSSIAN_FAMILIES,
-    *_FIXED_SUPPORT,
-    "Categorical",
-    "Bernoulli",
-    *CHAIN_FAMILIES,
+from blrppl.errors import ModelError, site_error
+from blrppl.families import VariableQ
+from blrppl.families.registry import (
+    GAUSSIAN_NAMES,
+    SCALAR_STATE,
+    USER_NAMES,
+    default_family_name,
+    get_family,
 )
 
-# Order matters: subclasses (Chi2 of Gamma) are caught by their parents.
-_DEFAULTS: tuple[tuple[type, str], ...] = (
-    (dist.GaussianRandomWalk, "ChainGaussian"),
-    (dist.GaussianStateSpace, "ChainGaussian"),
-    (dist.MultivariateNormal, "MultivariateNormal"),
-    (dist.LowRankMultivariateNormal, "MultivariateNormal"),
-    (dist.Gamma, "Gamma"),
-    (dist.Exponential, "Gamma"),
-    (dist.InverseGamma, "InverseGamma"),
-    (dist.Beta, "Beta"),
-    (dist.Dirichlet, "Dirichlet"),
-    (dist.CategoricalProbs, "Categorical"),
-    (dist.CategoricalLogits, "Categorical"),
-    (dist.BernoulliProbs, "Bernoulli"),
-    (dist.BernoulliLogits, "Bernoulli"),
-    (dist.Wishart, "Wishart"),
-)
+GAUSSIAN_FAMILIES = GAUSSIAN_NAMES
+CHAIN_FAMILIES = tuple(name for name in USER_NAMES if get_family(name).chain)
+FAMILY_NAMES = USER_NAMES
 
 _WRAPPERS = (dist.Independent, dist.ExpandedDistribution, dist.MaskedDistribution)
 
@@ -140,23 +94,19 @@ def _gaussian(fn: dist.Distribution, family: Optional[str] = None) -> FamilyChoi
 
 
 def default_family(name: str, fn: dist.Distribution) -> FamilyChoice:
-    """The q family a latent site gets from its prior ``fn`` (see the module table).
+    """The q family a latent site gets from its prior ``fn`` (module docstring).
 
     Raises:
         ModelError: for a discrete prior with infinite support.
     """
-    base = base_distribution(fn)
-    if isinstance(base, dist.Normal):
-        return FamilyChoice("MultivariateNormal" if fn.event_shape else "Normal", None)
-    for cls, family in _DEFAULTS:
-        if isinstance(base, cls):
-            return FamilyChoice(family, None)
+    family = default_family_name(fn)
+    if family is not None:
+        return FamilyChoice(family, None)
     if fn.support.is_discrete:
-        if is_finite_discrete(fn.support):
-            return FamilyChoice("Categorical", None)
         raise site_error(
             name,
-            f"a latent discrete site with infinite support ({type(base).__name__}) has no q family",
+            f"a latent discrete site with infinite support ({type(base_distribution(fn)).__name__}) "
+            "has no q family",
             "observe it, marginalise it out, or replace it by a finite discrete prior "
             "(e.g. dist.Categorical over a truncated support)",
         )
@@ -202,8 +152,8 @@ def override_family(
                 "use it only on GaussianRandomWalk, GaussianStateSpace or scan chains",
             )
         return FamilyChoice(family, None)
-    if family in _FIXED_SUPPORT:
-        needed = _FIXED_SUPPORT[family]
+    needed = get_family(family).fixed_support
+    if needed is not None:
         if not same_support(needed, support):
             raise site_error(
                 name,
@@ -227,3 +177,92 @@ def override_family(
             "choose a family with the site's support",
         )
     return FamilyChoice(family, None)
+
+
+def variable_q(node: Any, plates: dict, family_override: Optional[str] = None) -> VariableQ:
+    """Lay a variable's q family out over its value (:class:`VariableQ`).
+
+    Args:
+      node: a :class:`~blrppl.graph.nodes.VariableNode`.
+      plates: the graph's plates (name -> Plate), to tell plate axes apart.
+      family_override: a family name that replaces ``node.family``.
+
+    Raises:
+      ModelError: naming the site, for layouts that are not supported.
+    """
+    name = family_override or node.family
+    family = get_family(name)
+    if family.chain:
+        return _chain_q(node, family)
+    transform = node.transform
+    shape = tuple(node.shape)
+    if transform is not None:
+        shape = tuple(transform.inverse_shape(shape))
+    joint = bool(node.members)
+    if name in GAUSSIAN_NAMES:
+        batch_ndim = len(node.batch_shape)
+        plate_axes = [
+            batch_ndim + plates[p].dim for p in node.plates if p in plates and -plates[p].dim <= batch_ndim
+        ]
+        num_batch = (max(plate_axes) + 1) if plate_axes else 0
+        if name == "DiagonalNormal":
+            num_batch = len(shape)
+        num_batch = min(num_batch, len(shape))
+        family = get_family("Normal" if num_batch == len(shape) else "MultivariateNormal")
+        if len(shape) - num_batch > 1:
+            raise ModelError(
+                f"site {node.name!r}: a Gaussian q over {len(shape) - num_batch} joint axes "
+                f"{shape[num_batch:]} is not supported; declare the leading axes with "
+                "numpyro.plate or use families={site: 'DiagonalNormal'}."
+            )
+        return VariableQ(node.name, family, shape, num_batch, transform, joint=joint)
+    if family.index_valued:
+        return VariableQ(node.name, family, shape, len(shape), transform, num_categories(node))
+    return VariableQ(node.name, family, shape, len(shape) - family.event_ndim, transform)
+
+
+def _chain_q(node: Any, family: Any) -> VariableQ:
+    """The q of a chain: time on axis 0, then one state."""
+    chain = node.chain
+    state = tuple(chain.state_shape) if chain is not None else tuple(node.shape[1:])
+    if family.index_valued:
+        if state or (chain is not None and chain.time_axis != 0):
+            raise ModelError(
+                f"site {node.name!r}: a discrete chain with states of shape {state} (several chains "
+                "side by side, or time on another axis) is not supported yet; write one scalar state "
+                "per scan step (a separate model per sequence)."
+            )
+        if node.shape[0] < 2:
+            raise ModelError(
+                f"site {node.name!r}: a discrete chain of length {node.shape[0]} has no transitions; "
+                "sample the state as an ordinary Categorical site."
+            )
+        return VariableQ(node.name, family, tuple(node.shape), 1, None, num_categories(node))
+    if chain is not None and chain.time_axis != 0:
+        raise ModelError(
+            f"site {node.name!r}: {int(np.prod(node.shape[: chain.time_axis]))} chains side by side "
+            f"(batch shape {tuple(node.shape[: chain.time_axis])} before the time axis) are not "
+            "supported; fit one chain per model, or stack the series into the state vector of one chain."
+        )
+    if node.transform is not None or len(state) > 1:
+        raise ModelError(
+            f"site {node.name!r}: a chain with states of shape {state} on a transformed space is not "
+            "supported; write each state as a vector (time first), on the real line."
+        )
+    if not state:
+        family = get_family(SCALAR_STATE[family.name])
+    return VariableQ(node.name, family, tuple(node.shape), 1)
+
+
+def num_categories(node: Any) -> int:
+    """K of a finite discrete site: from its support, or its prior's probabilities."""
+    upper = getattr(_base_constraint(node.support), "upper_bound", None)
+    if upper is None:
+        prior = node.prior
+        while hasattr(prior, "base_dist"):
+            prior = prior.base_dist
+        probs = getattr(prior, "probs", None)
+        if probs is None:
+            probs = getattr(prior, "logits")
+        return int(np.shape(probs)[-1])
+    return int(np.max(np.asarray(upper))) + 1

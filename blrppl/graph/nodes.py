@@ -13,6 +13,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from blrppl.graph.data import split_model_data
+
 
 @dataclasses.dataclass(frozen=True)
 class Plate:
@@ -179,6 +181,11 @@ class FactorGraph:
     model: Callable
     model_args: tuple
     model_kwargs: dict
+
+    @property
+    def data(self) -> Any:
+        """The model's arguments as :class:`~blrppl.graph.replay.ModelData`."""
+        return split_model_data(self.model_args, self.model_kwargs)
 
     def to_networkx(self) -> Any:
         """The graph as a bipartite ``networkx.Graph`` (see :mod:`blrppl.graph.networkx`)."""

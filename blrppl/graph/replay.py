@@ -15,7 +15,7 @@ states of a ``scan``).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,7 @@ from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
 
 from blrppl.graph.capture import ConstructorCall, capturing_constructors, constructor_call
+from blrppl.graph.data import ModelData, split_model_data  # noqa: F401 - re-exported
 from blrppl.graph.plates import site_plates
 
 if TYPE_CHECKING:
@@ -262,6 +263,7 @@ def replay(
     plate_indices: Optional[Mapping[str, Any]] = None,
     *,
     deterministic: bool = False,
+    data: Optional[Sequence[Any]] = None,
 ) -> dict[str, ReplayedSite]:
     """Re-run ``graph``'s model at the given values; every sample site, in trace order.
 
@@ -275,15 +277,22 @@ def replay(
         plate_indices: subsampled plate name -> minibatch indices (length M).
         deterministic: also return ``numpyro.deterministic`` sites (with
             ``fn`` and ``call`` None).
+        data: the model's array arguments (``ModelData.arrays`` of
+            ``graph.data``) to run with instead of the traced ones, so that
+            compiled code takes the data as arguments.
 
     Returns:
         Site name -> :class:`ReplayedSite`. Sites hidden by ``handlers.block``
         are not visible.
     """
-    data = split_latents(graph, latent_values)
-    data.update(param_values or {})
-    data.update(plate_indices or {})
-    trace = run_model(graph.model, graph.model_args, graph.model_kwargs, data).trace
+    values = split_latents(graph, latent_values)
+    values.update(param_values or {})
+    values.update(plate_indices or {})
+    if data is None:
+        model_args, model_kwargs = graph.model_args, graph.model_kwargs
+    else:
+        model_args, model_kwargs = graph.data.rebuild(data)
+    trace = run_model(graph.model, model_args, model_kwargs, values).trace
     kinds = ("sample", "deterministic") if deterministic else ("sample",)
     latent_sites = latent_site_names(graph)
     return {

@@ -1,6 +1,6 @@
 """Tracing a NumPyro model into a :class:`~blrppl.graph.nodes.FactorGraph`.
 
-``trace(model, *args, **kwargs)`` runs the model once under numpyro's
+``build_graph(model, args, kwargs)`` runs the model once under numpyro's
 ``seed``/``trace`` handlers (capturing distribution constructor arguments),
 then:
 
@@ -59,40 +59,6 @@ from blrppl.graph.plates import collect_plates, site_plates, subsample_indices
 from blrppl.graph.replay import effective_mask, effective_scale, run_model
 
 
-def trace(model: Callable, *args: Any, **kwargs: Any) -> FactorGraph:
-    """Trace ``model(*args, **kwargs)`` into its factor graph.
-
-    Args:
-        model: an ordinary NumPyro model (a Python callable).
-        *args: the model's positional arguments.
-        **kwargs: the model's keyword arguments (observations as ``obs=`` data).
-
-    Returns:
-        The model's :class:`~blrppl.graph.nodes.FactorGraph`: ``variables``
-        (one per latent site or latent chain, with its q family), ``factors``
-        (one per sample site), ``params``, ``deterministics`` and ``plates``.
-
-    Raises:
-        ModelError: naming the site, for NaN or infinite observations outside
-            masked positions, shapes or control flow that depend on latent
-            values, and latent discrete sites with infinite support.
-
-    Example:
-        >>> def model(y=None):
-        ...     mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
-        ...     with numpyro.plate("N", 3):
-        ...         numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
-        >>> fg = trace(model, y=jnp.zeros(3))
-        >>> fg.factors["y"].neighbours
-        ('mu',)
-        >>> fg.factors["y"].edges["mu"].conjugate
-        True
-    """
-    from blrppl.estimators.conjugacy import annotate
-
-    return annotate(build_graph(model, args, kwargs))
-
-
 def build_graph(
     model: Callable,
     model_args: tuple = (),
@@ -102,7 +68,8 @@ def build_graph(
 ) -> FactorGraph:
     """Trace ``model`` into its factor graph, with per-site q family overrides.
 
-    Engines call this (``trace`` is the same with no overrides).
+    Every edge's conjugacy slot is left unknown (``Edge()``): the verdicts
+    come from estimator selection (``blrppl.trace`` composes the two).
 
     Args:
         model: an ordinary NumPyro model.
@@ -111,8 +78,10 @@ def build_graph(
         families: latent site (or chain variable) name -> q family name.
 
     Raises:
-        ModelError: as :func:`trace`, and for a family override that names no
-            latent site or does not fit the site's support.
+        ModelError: naming the site, for NaN or infinite observations outside
+            masked positions, shapes or control flow that depend on latent
+            values, latent discrete sites with infinite support, and a family
+            override that names no latent site or does not fit its support.
     """
     model_args = tuple(model_args)
     model_kwargs = dict(model_kwargs or {})

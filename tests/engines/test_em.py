@@ -10,6 +10,7 @@ import pytest
 from scipy.stats import norm
 
 import blrppl
+from blrppl.blr import driver
 
 WEIGHTS = np.array([0.3, 0.3, 0.4])
 
@@ -41,12 +42,12 @@ def test_em_equals_hand_written_em_step_by_step(rng_key):
     engine = blrppl.EM(mixture)
     plan = engine.plan(jnp.asarray(y))
     algorithm = engine.build(plan)
-    state = algorithm.init(rng_key)
+    state = driver.init(algorithm, rng_key, plan.arrays)
     step = jax.jit(algorithm.step)
     expected = numpy_em(y, np.array([-1.0, 0.0, 1.0]), np.ones(3), 8)
     elbos = []
     for t, (mu, sigma) in enumerate(expected):
-        state, info = step(jax.random.fold_in(rng_key, t), state)
+        state, info = step(state, plan.arrays)
         np.testing.assert_allclose(state.params["mu"], mu, rtol=1e-8)
         np.testing.assert_allclose(state.params["sigma"], sigma, rtol=1e-8)
         elbos.append(float(info.elbo))

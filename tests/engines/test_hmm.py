@@ -20,6 +20,7 @@ from scipy.special import digamma, logsumexp
 from scipy.stats import norm
 
 import blrppl
+from blrppl.blr import driver
 
 K = 3
 INIT = np.array([0.5, 0.3, 0.2])
@@ -171,11 +172,11 @@ def test_em_is_baum_welch_step_by_step(rng_key):
     engine = blrppl.EM(em_hmm)
     plan = engine.plan(y=jnp.asarray(y))
     algorithm = engine.build(plan)
-    state = algorithm.init(rng_key)
+    state = driver.init(algorithm, rng_key, plan.arrays)
     step = jax.jit(algorithm.step)
     expected = baum_welch(y, np.array([0.6, 0.4]), np.array([[0.7, 0.3], [0.4, 0.6]]), np.array([-0.5, 0.5]), 1.5, 5)
     for t, (init, trans, mu, sigma, bound) in enumerate(expected):
-        state, info = step(jax.random.fold_in(rng_key, t), state)
+        state, info = step(state, plan.arrays)
         np.testing.assert_allclose(state.params["init"], init, rtol=1e-8)
         np.testing.assert_allclose(state.params["trans"], trans, rtol=1e-8)
         np.testing.assert_allclose(state.params["mu"], mu, rtol=1e-8)

@@ -8,7 +8,7 @@ import numpyro.distributions as dist
 import pytest
 
 import blrppl
-from blrppl.blr.svi import minibatch
+from blrppl.blr.minibatch import batch_key, minibatch
 from models import ZOO
 
 N, M, SIGMA = 20_000, 500, 0.5
@@ -48,10 +48,10 @@ def natural_of(result):
 def test_global_mode_with_one_over_t_is_the_running_average_of_rescaled_targets(data, rng_key):
     steps = 7
     result = blrppl.SVI(subsampled, learning_rate=lambda t: 1.0 / t).run(rng_key, steps, data, M, progress_bar=False)
-    batch_key = jax.random.fold_in(rng_key, 1)
+    key = batch_key(result.state.rng_key)
     targets = []
     for t in range(1, steps + 1):
-        batch = np.asarray(minibatch(batch_key, jnp.asarray(t), N, M))
+        batch = np.asarray(minibatch(key, jnp.asarray(t), N, M))
         ys = np.asarray(data)[batch]
         targets.append([N / M * ys.sum() / SIGMA**2, -0.5 * (1.0 / 100.0 + N / M * M / SIGMA**2)])
     np.testing.assert_allclose(natural_of(result), np.mean(targets, 0), rtol=1e-10)

@@ -7,6 +7,7 @@ import numpyro
 import numpyro.distributions as dist
 
 import blrppl
+from blrppl.blr import driver
 from models import ZOO
 
 
@@ -99,8 +100,8 @@ def test_init_by_value_and_by_distribution(rng_key):
     entry = ZOO["normal_mean_precision"]
     args, kwargs = entry.data()
     engine = blrppl.VMP(entry.model, init={"mu": 3.0, "tau": dist.Gamma(5.0, 2.0)})
-    state = engine.build(engine.plan(*args, **kwargs)).init(rng_key)
     plan = engine.plan(*args, **kwargs)
+    state = driver.init(engine.build(plan), rng_key, plan.arrays)
     mu = plan.qs["mu"].family.to_usual(state.natural["mu"])
     tau = plan.qs["tau"].family.to_usual(state.natural["tau"])
     np.testing.assert_allclose(mu["loc"], 3.0, rtol=1e-12)

@@ -162,7 +162,7 @@ def test_point_mass_expectation_is_numpyro_log_prob(name):
         trace = handlers.trace(handlers.seed(model, seed)).get_trace(*args)
         mean = {v: point_mean(q, trace[v]["value"]) for v, q in plan.qs.items()}
         for est in plan.estimators:
-            value, _ = est.estimate(jax.random.key(0), mean, plan.init_params)
+            value, _ = est.estimate(jax.random.key(0), mean, plan.init_params, plan.arrays)
             site = trace[est.factor]
             want = jnp.sum(site["fn"].log_prob(site["value"]))
             np.testing.assert_allclose(float(value), float(want), rtol=1e-10, atol=1e-10, err_msg=est.factor)
@@ -176,9 +176,9 @@ def test_estimator_is_pure(name):
     trace = handlers.trace(handlers.seed(model, 3)).get_trace(*args)
     mean = {v: point_mean(q, trace[v]["value"]) for v, q in plan.qs.items()}
     for est in plan.estimators:
-        assert est.method == "exact"
-        eager = est.estimate(jax.random.key(0), mean, plan.init_params)
-        other_key = est.estimate(jax.random.key(123), mean, plan.init_params)
+        assert est.method.label == "exact"
+        eager = est.estimate(jax.random.key(0), mean, plan.init_params, plan.arrays)
+        other_key = est.estimate(jax.random.key(123), mean, plan.init_params, plan.arrays)
         jitted = jax.jit(est.estimate)(jax.random.key(7), mean, plan.init_params)
         for a, b, c in zip(jax.tree.leaves(eager), jax.tree.leaves(other_key), jax.tree.leaves(jitted), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -199,7 +199,7 @@ def test_prior_site_parameter_is_the_prior_natural_parameter():
     by_factor = {e.factor: e for e in plan.estimators}
     for v in ("w", "mu", "lam"):
         q = plan.qs[v]
-        _, grads = by_factor[v].estimate(jax.random.key(0), mean, {})
+        _, grads = by_factor[v].estimate(jax.random.key(0), mean, {}, plan.arrays)
         prior = trace[v]["fn"]
         want = q.family.from_numpyro(prior)
         for got_leaf, want_leaf in zip(grads[v], want, strict=True):

@@ -60,11 +60,11 @@ def test_glm_site_parameters_equal_tensor_quadrature(rng_key):
     engine = blrppl.NonConjugateVI(logistic_model, estimator="quadrature")
     plan = engine.plan(X, y=BINARY)
     est = {e.factor: e for e in plan.estimators}["y"]
-    assert est.method == "quadrature"
+    assert est.method.label == "quadrature"
     cov = jnp.array([[0.3, 0.1], [0.1, 0.5]])
     m = jnp.array([0.4, -0.7])
     mean = MVNStats(x=m, xxT=cov + jnp.outer(m, m))
-    value, grads = est.estimate(rng_key, {"beta": mean}, {})
+    value, grads = est.estimate(rng_key, {"beta": mean}, {}, plan.arrays)
     ref_value, ref = gauss_hermite(80, max_dim=2).estimate(None, mean, lambda z: jnp.sum(logistic(z)))
     np.testing.assert_allclose(value, ref_value, rtol=1e-5)
     np.testing.assert_allclose(grads["beta"].x, ref.x, rtol=1e-4)
@@ -96,12 +96,12 @@ def test_several_mean_field_neighbours_share_one_predictor(rng_key):
     group = jnp.asarray(np.arange(40) % 3)
     plan = blrppl.NonConjugateVI(varying_intercepts).plan(group, X[:, 0], y=BINARY)
     est = {e.factor: e for e in plan.estimators}["y"]
-    assert est.method == "quadrature" and set(est.neighbours) == {"a", "beta"}
+    assert est.method.label == "quadrature" and set(est.neighbours) == {"a", "beta"}
     mean = {
         "a": NormalStats(x=jnp.array([0.3, -0.2, 0.5]), x_sq=jnp.array([0.3, -0.2, 0.5]) ** 2 + jnp.array([0.2, 0.4, 0.3])),
         "beta": NormalStats(x=jnp.array(0.7), x_sq=jnp.array(0.7**2 + 0.25)),
     }
-    value, grads = est.estimate(rng_key, mean, {})
+    value, grads = est.estimate(rng_key, mean, {}, plan.arrays)
 
     def log_f(xs):
         return jnp.sum(dist.Bernoulli(logits=xs["a"][group] + xs["beta"] * X[:, 0]).log_prob(BINARY))

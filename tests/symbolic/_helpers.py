@@ -253,9 +253,9 @@ def plan_site_parameters(engine_cls, model, args, factor: str, mean: Mapping[str
     """
     plan = engine_cls(model).plan(*args, **(kwargs or {}))
     (est,) = [e for e in plan.estimators if e.factor == factor]
-    assert est.method == "exact"
+    assert est.method.label == "exact"
     family_mean = {v: as_family_layout(plan.qs[v], mean[v]) for v in est.neighbours}
-    value, grads = est.estimate(jax.random.key(0), family_mean, plan.init_params)
+    value, grads = est.estimate(jax.random.key(0), family_mean, plan.init_params, plan.arrays)
     return plan, value, {v: as_value_layout(plan.qs[v], grads[v]) for v in est.neighbours}
 
 

@@ -17,11 +17,13 @@ import numpyro.distributions as dist
 import pytest
 
 import blrppl
-from blrppl.blr.variational import variable_q
-from blrppl.engines import base
+from blrppl.blr.plan import param_examples
 from blrppl.engines.conjugate import ConjugateBayes
+from blrppl.engines.presets import EXACT
 from blrppl.engines.vmp import VMP
 from blrppl.estimators.base import example_latents, q_space_examples
+from blrppl.estimators.select import choose_estimator
+from blrppl.graph.families import variable_q
 from blrppl.graph.trace import build_graph
 from blrppl.symbolic import canonical as C
 from blrppl.symbolic.analysis import analyse
@@ -40,39 +42,31 @@ Y_VEC = _rs.randn(6, 2)
 
 
 def all_verdicts(model, *args):
-    """Plan every factor the way ``Engine.plan`` does, but go on past failures.
+    """Choose every factor's estimator the way ``make_plan`` does, but go on past failures.
 
-    Returns ``(graph, errors)``: the graph with every factor's edges filled
-    and the ModelError message of each failing factor.
+    Returns ``(graph, errors)``: the traced graph with every edge's verdict
+    (``blrppl.trace``) and the ModelError message of each failing factor.
     """
-    engine = VMP(model)
     graph = build_graph(model, args, {})
     qs = {name: variable_q(node, graph.plates) for name, node in graph.variables.items()}
     transforms = {v: q.transform for v, q in qs.items() if q.transform is not None}
     examples = q_space_examples(example_latents(graph), transforms)
-    init_params, _ = base._param_examples(graph)
+    init_params, _ = param_examples(graph)
     errors = {}
     for name in graph.factors:
         try:
-            engine._factor_estimator(graph, name, qs, examples, init_params)
+            choose_estimator(graph, name, qs, examples, init_params, EXACT)
         except blrppl.ModelError as error:
             errors[name] = str(error)
-    return graph, errors
+    return blrppl.trace(model, *args), errors
 
 
 def plan_failure(model, *args, engine_cls=VMP, monkeypatch=None):
-    """Run the real ``plan``; it must raise. Returns (the graph it built, the error)."""
-    captured = {}
-    original = base.build_graph
-
-    def spy(*a, **k):
-        captured["graph"] = original(*a, **k)
-        return captured["graph"]
-
-    monkeypatch.setattr(base, "build_graph", spy)
+    """Run the real ``plan``; it must raise. Returns (the traced graph with verdicts, the error)."""
+    del monkeypatch
     with pytest.raises(blrppl.ModelError) as info:
         engine_cls(model).plan(*args)
-    return captured["graph"], info.value
+    return blrppl.trace(model, *args), info.value
 
 
 # ---------------------------------------------------------------------------

@@ -54,7 +54,7 @@ def _sum_site_parameters(plan, var, mean):
     for est in plan.estimators:
         if var not in est.neighbours:
             continue
-        _, grads = est.estimate(jax.random.key(0), mean, plan.init_params)
+        _, grads = est.estimate(jax.random.key(0), mean, plan.init_params, plan.arrays)
         total = grads[var] if total is None else jax.tree.map(jnp.add, total, grads[var])
     return total
 
@@ -396,7 +396,7 @@ def test_ridge_site_parameters_are_the_normal_equations():
     plan = ConjugateBayes(ridge_model).plan(X_LR, Y_LR)
     q = plan.qs["beta"]
     mean = {"beta": as_family_layout(q, gaussian(np.random.RandomState(5), (3,), 0))}
-    by_factor = {e.factor: e.estimate(jax.random.key(0), mean, {})[1]["beta"] for e in plan.estimators}
+    by_factor = {e.factor: e.estimate(jax.random.key(0), mean, {}, plan.arrays)[1]["beta"] for e in plan.estimators}
     np.testing.assert_allclose(by_factor["y"].x, X_LR.T @ Y_LR / SIGMA_LR**2, rtol=RTOL)
     np.testing.assert_allclose(by_factor["y"].xxT, -0.5 * X_LR.T @ X_LR / SIGMA_LR**2, rtol=RTOL)
     np.testing.assert_allclose(by_factor["beta"].x, np.zeros(3), atol=1e-14)

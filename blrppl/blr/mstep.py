@@ -16,14 +16,14 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from blrppl.blr.build import mean_params
+from blrppl.blr.elbo import mean_params
 
 MAX_NEWTON_STEPS = 50
 MAX_HALVINGS = 30
 
 
 def build_m_step(plan: Any) -> Callable:
-    """``(rng_key, natural, params) -> params`` for a plan with point estimates."""
+    """``(rng_key, natural, params, arrays) -> params`` for a plan with point estimates."""
     names = tuple(plan.init_params)
     transforms = plan.param_transforms
     estimators = [e for e in plan.estimators if _touches(plan, e.factor, names)]
@@ -31,7 +31,7 @@ def build_m_step(plan: Any) -> Callable:
     def to_params(u: dict) -> dict:
         return {n: transforms[n](u[n]) for n in names}
 
-    def m_step(rng_key, natural, params):
+    def m_step(rng_key, natural, params, arrays):
         mean = mean_params(plan.qs, natural)
         u0 = {n: transforms[n].inv(params[n]) for n in names}
         flat0, unravel = ravel_pytree(u0)
@@ -39,7 +39,7 @@ def build_m_step(plan: Any) -> Callable:
         def objective(flat):
             p = to_params(unravel(flat))
             p = {**params, **p}
-            return sum(e.estimate(rng_key, mean, p)[0] for e in estimators)
+            return sum(e.estimate(rng_key, mean, p, arrays)[0] for e in estimators)
 
         def newton(carry):
             flat, value, i, _, stalled = carry

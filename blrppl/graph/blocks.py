@@ -18,7 +18,7 @@ from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
 
 from blrppl.errors import ModelError
-from blrppl.graph.nodes import FactorGraph, VariableNode
+from blrppl.graph.nodes import Edge, FactorGraph, VariableNode
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -31,7 +31,8 @@ class BlockTransform:
     def sites(self) -> tuple[str, ...]:
         return tuple(n.name for n in self.nodes)
 
-    def _pieces(self):
+    def pieces(self):
+        """Per member: ``(node, transform, unconstrained shape, offset, size)`` in the flat vector."""
         offset = 0
         for node in self.nodes:
             transform = node.transform if node.transform is not None else biject_to(constraints.real)
@@ -42,7 +43,7 @@ class BlockTransform:
 
     @property
     def size(self) -> int:
-        return sum(size for *_, size in self._pieces())
+        return sum(size for *_, size in self.pieces())
 
     def inverse_shape(self, shape: Any) -> tuple[int, ...]:
         del shape
@@ -53,18 +54,18 @@ class BlockTransform:
         lead = jnp.shape(flat)[:-1]
         return {
             node.name: jnp.reshape(flat[..., offset : offset + size], lead + shape)
-            for node, _, shape, offset, size in self._pieces()
+            for node, _, shape, offset, size in self.pieces()
         }
 
     def __call__(self, flat: Any) -> dict:
         """Flat vector -> site name -> value in the site's support."""
         parts = self.unconstrained(flat)
-        return {node.name: transform(parts[node.name]) for node, transform, *_ in self._pieces()}
+        return {node.name: transform(parts[node.name]) for node, transform, *_ in self.pieces()}
 
     def log_abs_det_jacobian_site(self, flat: Any, site: str) -> Any:
         """log |det J| of one member's transform at the flat vector."""
         parts = self.unconstrained(flat)
-        for node, transform, *_ in self._pieces():
+        for node, transform, *_ in self.pieces():
             if node.name == site:
                 u = parts[site]
                 return jnp.sum(transform.log_abs_det_jacobian(u, transform(u)))
@@ -72,7 +73,7 @@ class BlockTransform:
 
     def inv(self, values: Mapping[str, Any]) -> Any:
         """Site values (constrained) -> the flat unconstrained vector."""
-        flat = [jnp.ravel(transform.inv(jnp.asarray(values[node.name]))) for node, transform, *_ in self._pieces()]
+        flat = [jnp.ravel(transform.inv(jnp.asarray(values[node.name]))) for node, transform, *_ in self.pieces()]
         return jnp.concatenate(flat)
 
 
@@ -133,12 +134,8 @@ def as_blocks(graph: FactorGraph, blocks: Sequence[Sequence[str]]) -> FactorGrap
         if neighbours == factor.neighbours:
             factors[fname] = factor
             continue
-        factors[fname] = dataclasses.replace(factor, neighbours=neighbours, edges={v: factor.edges.get(v) for v in neighbours})
-        for v in neighbours:
-            if factors[fname].edges[v] is None:
-                from blrppl.graph.nodes import Edge
-
-                factors[fname].edges[v] = Edge()
+        edges = {v: factor.edges.get(v, Edge()) for v in neighbours}
+        factors[fname] = dataclasses.replace(factor, neighbours=neighbours, edges=edges)
     return dataclasses.replace(graph, variables=variables, factors=factors)
 
 

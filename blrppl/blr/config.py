@@ -1,0 +1,97 @@
+"""A Table 1 row as a value: the options of one BLR fit.
+
+Every engine of blrppl is a :class:`Config`: which q (families, joint blocks,
+point estimates), how site parameters are computed (exact, or estimated by the
+delta method, Monte Carlo or quadrature), the update mode (Eq. 58 or 60), the
+schedule over variables, the learning rate, minibatches. Presets are functions
+that fill some options (:mod:`blrppl.engines.presets`); the core
+(:func:`blrppl.blr.plan.make_plan`, :func:`blrppl.blr.build.build_blr`)
+reads the options and knows no preset.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
+
+from blrppl.estimators.base import ESTIMATORS
+from blrppl.estimators.select import EstimatorOptions
+
+MODES = ("global", "local")
+SCHEDULES = ("sequential", "parallel")
+
+
+class Config(NamedTuple):
+    """The options of one BLR fit (see ``shared/API.md`` for their meaning).
+
+    Attributes:
+      mode: ``"global"`` (Eq. 58) or ``"local"`` (Eq. 60).
+      schedule: ``"sequential"`` (coordinate-wise over q blocks, VMP) or
+        ``"parallel"`` (every block from the same q).
+      learning_rate: ρ, a float in (0, 1] or a schedule ``step -> ρ`` (steps
+        count from 1).
+      estimators: how factors get their site parameters.
+      families: site -> q family name overrides.
+      blocks: joint Gaussian blocks over sites, or ``"all"``: one block over
+        every continuous latent (Laplace).
+      point_estimates: latent sites estimated by the delta method (EM).
+      init: site -> value or distribution to start q from.
+      order: the sequential order of variables (default: trace order).
+      average: iterate averaging (None: automatic, with Monte Carlo site
+        parameters and ρ < 1).
+      minibatch: fit one subsampled plate by minibatches (stochastic VI,
+        Sec. 5.3): plate-local latents take ρ = 1 on their batch rows.
+      posterior_in_family: every factor must touch at most one q block, so
+        that one ρ = 1 step is the exact posterior (conjugate Bayes, Sec. 5.1).
+      point_params: ``numpyro.param`` sites are allowed (as point estimates).
+      continuous_only: every latent must be continuous and not a chain
+        (Laplace's one Gaussian block).
+      name: the preset's name, for messages.
+    """
+
+    mode: str = "global"
+    schedule: str = "sequential"
+    learning_rate: Union[float, Callable] = 1.0
+    estimators: EstimatorOptions = EstimatorOptions()
+    families: Mapping[str, str] = {}
+    blocks: Union[str, Sequence[Sequence[str]]] = ()
+    point_estimates: Sequence[str] = ()
+    init: Mapping[str, Any] = {}
+    order: Optional[Sequence[str]] = None
+    average: Optional[bool] = None
+    minibatch: bool = False
+    posterior_in_family: bool = False
+    point_params: bool = True
+    continuous_only: bool = False
+    name: str = "BLR"
+
+
+def make_config(**options: Any) -> Config:
+    """Validate options and return a :class:`Config` (plain ``ValueError`` for bad values).
+
+    Raises:
+      ValueError: for an unknown mode, schedule or estimator, a learning rate
+        outside (0, 1], or a non-positive number of samples.
+    """
+    config = Config(**options)
+    if config.mode not in MODES:
+        raise ValueError(f"mode must be 'global' (Eq. 58) or 'local' (Eq. 60), got {config.mode!r}.")
+    if config.schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be 'sequential' or 'parallel', got {config.schedule!r}.")
+    rate = config.learning_rate
+    if not callable(rate) and not 0.0 < float(rate) <= 1.0:
+        raise ValueError(f"learning_rate must lie in (0, 1] or be a schedule, got {rate}.")
+    est = config.estimators
+    choices = est.choice.values() if isinstance(est.choice, Mapping) else [est.choice]
+    for choice in list(choices) + [c for c in (est.fallback, est.forced) if c is not None]:
+        if choice not in ("exact", "auto") + ESTIMATORS:
+            raise ValueError(f"estimator must be one of {('exact', 'auto') + ESTIMATORS}, got {choice!r}.")
+    if int(est.num_samples) != est.num_samples or est.num_samples < 1:
+        raise ValueError(f"num_samples must be a positive integer, got {est.num_samples}.")
+    blocks = config.blocks if config.blocks == "all" else tuple(tuple(b) for b in config.blocks)
+    return config._replace(
+        families=dict(config.families or {}),
+        blocks=blocks,
+        point_estimates=tuple(config.point_estimates or ()),
+        init=dict(config.init or {}),
+        order=tuple(config.order) if config.order is not None else None,
+    )

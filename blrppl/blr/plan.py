@@ -1,0 +1,395 @@
+"""Plan one fit: trace the model, lay out q, choose every factor's estimator.
+
+:func:`make_plan` turns a model, its data and a :class:`~blrppl.blr.config.Config`
+into a :class:`Plan`: the traced graph (with each edge's conjugacy verdict),
+each variable's q, each factor's estimator, and the arrays the compiled fit
+reads (:class:`~blrppl.estimators.base.PlanArrays`). Everything in a plan but
+its arrays is static; :attr:`Plan.signature` describes it, so that a fit of
+new data with the same signature reuses the compiled program.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import types
+import warnings
+from typing import Any, Callable, Mapping, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from numpyro import handlers
+from numpyro.distributions.transforms import biject_to
+
+from blrppl.blr.config import Config
+from blrppl.blr.starts import start_arrays
+from blrppl.errors import ModelError
+from blrppl.estimators.base import FactorEstimator, PlanArrays, example_latents, q_space_examples
+from blrppl.estimators.select import Verdicts, choose_estimator, with_verdicts
+from blrppl.families import VariableQ
+from blrppl.graph.blocks import as_blocks
+from blrppl.graph.chains import discrete_loop_chain
+from blrppl.graph.families import variable_q
+from blrppl.graph.nodes import FactorGraph, Plate
+from blrppl.graph.points import as_point_estimates
+from blrppl.graph.replay import replay
+from blrppl.graph.trace import build_graph
+
+
+@dataclasses.dataclass(frozen=True)
+class Subsample:
+    """The subsampled plate of a minibatch plan and the variables local to it.
+
+    Attributes:
+      plate: the plate (N, M).
+      local_axes: local variable -> the axis of its natural parameters that
+        indexes the plate.
+      plate_factors: the factors inside the plate.
+    """
+
+    plate: Plate
+    local_axes: dict
+    plate_factors: frozenset
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything a fit builds before compiling: static, except ``arrays``.
+
+    Attributes:
+      graph: the traced model, each edge carrying its conjugacy verdict.
+      qs: variable name -> its q.
+      estimators: one per factor, in trace order.
+      init_params: point estimates' starting values (``numpyro.param`` sites
+        and ``point_estimates``), constrained.
+      param_transforms: point estimate -> transform from its unconstrained space.
+      verdicts: factor -> variable -> conjugacy :class:`~blrppl.graph.nodes.Edge`.
+      subsample: the minibatch plate (stochastic VI), or None.
+      arrays: the data the compiled fit reads (a pytree).
+      data_static: the model's data could not be passed as arguments (the
+        model needs concrete data values while it runs), so compiled code
+        holds them as constants and the signature includes their content.
+    """
+
+    graph: FactorGraph
+    qs: dict[str, VariableQ]
+    estimators: tuple[FactorEstimator, ...]
+    init_params: dict[str, Any]
+    param_transforms: dict[str, Any]
+    verdicts: Verdicts
+    subsample: Optional[Subsample]
+    arrays: PlanArrays
+    data_static: bool = False
+
+    @property
+    def signature(self) -> tuple:
+        """A hashable description of everything static: equal signatures share compiled code."""
+        return plan_signature(self)
+
+
+def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any], config: Config) -> Plan:
+    """Trace ``model`` on its data and plan a fit with the options of ``config``.
+
+    Raises:
+      ModelError: naming the site, for models or options the preset cannot fit.
+    """
+    graph = build_graph(model, model_args, model_kwargs, families=config.families or None)
+    subsampled = [p for p in graph.plates.values() if p.subsampled]
+    plate = None
+    if config.minibatch:
+        if len(subsampled) != 1:
+            names = [p.name for p in subsampled]
+            site = names[1] if len(names) > 1 else getattr(model, "__name__", "model")
+            raise ModelError(
+                f"site {site!r}: {config.name} needs exactly one plate with subsample_size, found "
+                f"{names or 'none'}; subsample one data plate (use VMP for full-data fits)."
+            )
+        plate = subsampled[0]
+        graph = build_graph(_full_data_model(model, plate), model_args, model_kwargs, families=config.families or None)
+    elif subsampled:
+        plate = subsampled[0]
+        raise ModelError(
+            f"site {plate.name!r}: the plate subsamples {plate.subsample_size} of {plate.size}; "
+            "fit minibatch models with blrppl.SVI."
+        )
+    if config.continuous_only:
+        _check_continuous(graph, config, model)
+    blocks = config.blocks
+    if blocks == "all":
+        blocks = [tuple(graph.variables)]
+    graph = as_point_estimates(graph, config.point_estimates)
+    graph = as_blocks(graph, blocks)
+    _check_options(graph, config, model)
+    qs = {name: variable_q(node, graph.plates) for name, node in graph.variables.items()}
+    transforms = {v: q.transform for v, q in qs.items() if q.transform is not None}
+    examples = q_space_examples(example_latents(graph), transforms)
+    init_params, param_transforms = param_examples(graph)
+    if init_params and not config.point_params:
+        raise ModelError(
+            f"site {next(iter(init_params))!r}: numpyro.param sites need point estimates; "
+            f"{config.name} has none; use blrppl.EM instead."
+        )
+    plate_factors = frozenset()
+    if plate is not None:
+        plate_factors = frozenset(f for f, node in graph.factors.items() if plate.name in node.plates)
+    full_plate = None if plate is None else dataclasses.replace(plate, subsample_size=plate.size)
+    estimators, verdicts = [], {}
+    for name in graph.factors:
+        obs_plate = full_plate if name in plate_factors else None
+        try:
+            estimator, edges = choose_estimator(graph, name, qs, examples, init_params, config.estimators, obs_plate)
+        except ModelError as error:
+            if config.posterior_in_family:
+                raise ModelError(
+                    f"{error} {config.name} needs conjugate factors; VMP fits the same model by coordinate ascent."
+                ) from None
+            raise
+        estimators.append(estimator)
+        verdicts[name] = edges
+    graph = with_verdicts(graph, verdicts)
+    if config.posterior_in_family:
+        _check_posterior_in_family(graph, estimators, config)
+    subsample = None
+    if plate is not None:
+        subsample = Subsample(plate, _local_axes(graph, qs, plate), plate_factors)
+    data_static = not _data_traceable(graph, init_params)
+    arrays = PlanArrays(
+        factors={est.factor: est.arrays for est in estimators},
+        data=None if data_static else graph.data.arrays,
+        starts=start_arrays(graph, qs, estimators, config.init),
+        params=dict(init_params),
+    )
+    return Plan(graph, qs, tuple(estimators), init_params, param_transforms, verdicts, subsample, arrays, data_static)
+
+
+def param_examples(graph: FactorGraph) -> tuple[dict, dict]:
+    """Initial values (constrained) and transforms of the graph's point estimates."""
+    values, transforms = {}, {}
+    for name, node in graph.params.items():
+        values[name] = jnp.asarray(node.init_value)
+        transforms[name] = biject_to(node.constraint)
+    return values, transforms
+
+
+def _full_data_model(model: Callable, plate: Plate) -> Callable:
+    """The model with the plate's indices fixed to all N positions."""
+
+    def full_model(*args: Any, **kwargs: Any) -> Any:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="subsample_size does not match")
+            with handlers.substitute(data={plate.name: jnp.arange(plate.size)}):
+                return model(*args, **kwargs)
+
+    full_model.__name__ = getattr(model, "__name__", "model")
+    full_model.__wrapped__ = model
+    return full_model
+
+
+def _check_continuous(graph: FactorGraph, config: Config, model: Callable) -> None:
+    for name, node in graph.variables.items():
+        if node.discrete or node.chain is not None:
+            raise ModelError(
+                f"site {name!r}: {config.name} needs continuous latents without chains; marginalise or "
+                "fix the site, or use another engine."
+            )
+    if not graph.variables:
+        raise ModelError(f"site {getattr(model, '__name__', 'model')!r}: the model has no latent sites to approximate.")
+
+
+def _check_options(graph: FactorGraph, config: Config, model: Callable) -> None:
+    for site in config.families:
+        members = (m.name for n in graph.variables.values() for m in n.members)
+        if site not in graph.variables and site not in members:
+            raise ModelError(
+                f"site {site!r}: families names a site that is not a latent of the model; use one of "
+                f"{sorted(graph.variables)}."
+            )
+    for site in config.init:
+        if site not in graph.variables:
+            raise ModelError(
+                f"site {site!r}: init names a site that is not a latent variable of the model; use one of "
+                f"{sorted(graph.variables)}."
+            )
+    choice = config.estimators.choice
+    if isinstance(choice, Mapping):
+        for factor in choice:
+            if factor not in graph.factors:
+                raise ModelError(
+                    f"site {factor!r}: estimator names a factor the model does not have; use one of "
+                    f"{sorted(graph.factors)}."
+                )
+    linked = discrete_loop_chain(graph)
+    if linked is not None:
+        raise ModelError(
+            f"site {linked[0]!r}: the discrete latents {', '.join(repr(s) for s in linked[:3])}"
+            f"{', ...' if len(linked) > 3 else ''} form a Markov chain written one site per step "
+            "(a Python loop or numpyro.markov), which blrppl does not join into one chain q; write "
+            "the chain with numpyro.contrib.control_flow.scan (the initial state sampled before the "
+            "scan, each step's state inside it) so that it gets a ChainCategorical q."
+        )
+    if config.order is not None and sorted(config.order) != sorted(graph.variables):
+        raise ModelError(
+            f"site {getattr(model, '__name__', 'model')!r}: order must list every latent variable once: "
+            f"{sorted(graph.variables)}; got {list(config.order)}."
+        )
+
+
+def _check_posterior_in_family(graph: FactorGraph, estimators, config: Config) -> None:
+    """Conjugate Bayes: every factor touches one q block, so ρ = 1 is exact (Sec. 5.1)."""
+    for name, node in graph.factors.items():
+        if len(node.neighbours) > 1:
+            raise ModelError(
+                f"site {name!r}: the factor touches {len(node.neighbours)} q blocks "
+                f"{list(node.neighbours)}, so the posterior is not in the q family; "
+                "use blrppl.VMP (coordinate ascent) instead."
+            )
+    for est in estimators:
+        coupled = _coupled_variable(est)
+        if coupled is not None:
+            raise ModelError(
+                f"site {est.factor!r}: the factor couples independent positions of {coupled!r} "
+                "(more than one q block), so the posterior is not in the q family; use "
+                "blrppl.VMP instead, or give the site a joint q (declare its axes as an event "
+                "with .to_event instead of a plate)."
+            )
+
+
+def _coupled_variable(estimator: FactorEstimator) -> Optional[str]:
+    """A variable two of whose independent q blocks meet in one term, if any."""
+    analysis = estimator.analysis
+    if analysis is None:
+        return None
+    for term in analysis.terms:
+        seen = set()
+        for read in term.reads:
+            if read.var in seen:
+                return read.var
+            seen.add(read.var)
+    return None
+
+
+def _local_axes(graph: FactorGraph, qs: Mapping[str, VariableQ], plate: Plate) -> dict:
+    local_axes = {}
+    for v, node in graph.variables.items():
+        if plate.name in node.plates:
+            axis = len(qs[v].batch_shape) + plate.dim
+            if axis < 0:
+                raise ModelError(f"site {v!r}: cannot locate the plate {plate.name!r} axis of its q; declare the plate's dim.")
+            local_axes[v] = axis
+    return local_axes
+
+
+_DATA_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerBoolConversionError,
+    jax.errors.TracerIntegerConversionError,
+    TypeError,
+    ValueError,
+    IndexError,
+)
+
+
+def _data_traceable(graph: FactorGraph, params: Mapping[str, Any]) -> bool:
+    """Whether the model runs with its array arguments abstract (as compiled code passes them)."""
+    data = graph.data
+    if not data.arrays:
+        return True
+    values = {}
+    for v, value in example_latents(graph).items():
+        if isinstance(value, dict):  # a joint block: its member sites
+            values.update(value)
+        else:
+            values[v] = value
+
+    def run(arrays):
+        sites = replay(graph, values, params, data=arrays)
+        return [site.value for site in sites.values()]
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            jax.eval_shape(run, data.arrays)
+    except _DATA_ERRORS:
+        return False
+    return True
+
+
+def plan_signature(plan: Plan) -> tuple:
+    """Everything a compiled fit closes over, as a hashable value (see :class:`Plan`)."""
+    graph = plan.graph
+    variables = tuple(
+        (v, q.family.name, q.shape, q.num_batch, q.num_categories, q.joint, _content(q.transform)) for v, q in plan.qs.items()
+    )
+    factors = tuple(
+        (est.factor, est.neighbours, est.method, _structure(est.arrays), _content(est.analysis) if est.analysis is not None else None)
+        for est in plan.estimators
+    )
+    nodes = tuple(
+        (n.name, n.kind, n.plates, n.param_neighbours, type(n.distribution).__name__) for n in graph.factors.values()
+    )
+    data = graph.data
+    closed = plan.data_static or any(est.closed_data for est in plan.estimators)
+    data_key = _content(data.arrays) if closed else data.signature
+    params = tuple((k, _structure(v), _content(plan.param_transforms[k])) for k, v in plan.init_params.items())
+    subsample = None
+    if plan.subsample is not None:
+        s = plan.subsample
+        subsample = (s.plate, tuple(sorted(s.local_axes.items())), tuple(sorted(s.plate_factors)))
+    return (
+        id(getattr(graph.model, "__wrapped__", graph.model)),
+        variables,
+        factors,
+        nodes,
+        tuple(graph.deterministics),
+        data_key,
+        params,
+        subsample,
+        _structure(plan.arrays.starts),
+    )
+
+
+def _structure(tree: Any) -> tuple:
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return (str(treedef), tuple((tuple(np.shape(x)), str(np.asarray(x).dtype)) for x in leaves))
+
+
+def _content(obj: Any) -> str:
+    """A digest of an object's structure and array contents (for values closed over)."""
+    digest = hashlib.sha1()
+    _digest(obj, digest, set())
+    return digest.hexdigest()
+
+
+def _digest(obj: Any, digest: Any, seen: set) -> None:
+    if isinstance(obj, (np.ndarray, jax.Array, np.generic)):
+        array = np.asarray(obj)
+        digest.update(f"array{array.dtype}{array.shape}".encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+        return
+    if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes, type)):
+        digest.update(f"{type(obj).__name__}:{obj!r}".encode())
+        return
+    if id(obj) in seen:
+        digest.update(b"<cycle>")
+        return
+    seen.add(id(obj))
+    digest.update(type(obj).__name__.encode())
+    if isinstance(obj, dict):
+        for key in obj:
+            _digest(key, digest, seen)
+            _digest(obj[key], digest, seen)
+    elif isinstance(obj, (tuple, list, frozenset, set)):
+        items = sorted(obj, key=repr) if isinstance(obj, (set, frozenset)) else obj
+        for item in items:
+            _digest(item, digest, seen)
+    elif dataclasses.is_dataclass(obj):
+        for field in dataclasses.fields(obj):
+            _digest(getattr(obj, field.name), digest, seen)
+    elif isinstance(obj, (types.FunctionType, types.MethodType, types.BuiltinFunctionType)):
+        digest.update(f"{getattr(obj, '__qualname__', '')}:{id(obj)}".encode())
+    elif hasattr(obj, "__dict__"):
+        _digest(vars(obj), digest, seen)
+    else:
+        digest.update(repr(obj).encode())

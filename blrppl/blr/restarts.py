@@ -1,0 +1,82 @@
+"""``num_restarts=C``: C fits from random starts in one vmapped run.
+
+Restart 0 starts where a plain ``run`` starts (the prior pushed through the
+graph, k-means++ responsibilities for categorical latents, the user's
+``init``), with the same keys, so it *is* the plain run. Restarts 1..C-1 start
+from random points: each q whose family allows it (``random_restart``) is
+re-centred at a draw from its starting q (its spread kept, the family's
+``start_at``), categorical latents get their own random responsibilities,
+point estimates (EM) move by a standard normal step on their unconstrained
+space, and sites the user fixed with ``init=`` keep that start. The C runs are
+one ``jax.vmap`` of the compiled driver loop
+(:func:`blrppl.blr.driver.run_restarts`).
+
+The best restart is the one with the highest final ELBO among those whose q
+and ELBO are finite (:func:`best_restart`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+
+
+def restart_keys(rng_key: jax.Array, num_restarts: int) -> jax.Array:
+    """Keys of the restarts: ``rng_key`` itself, then ``fold_in(rng_key, c)``."""
+    keys = [rng_key] + [jax.random.fold_in(rng_key, c) for c in range(1, num_restarts)]
+    return jnp.stack(keys)
+
+
+def random_start(rng_key: jax.Array, qs: Mapping[str, Any], natural: Mapping[str, Any], keep: Any = ()) -> dict:
+    """Re-centre each q at a draw from itself, keeping its spread.
+
+    Families without ``random_restart`` (categorical responsibilities, which
+    are random already, and chains) and the sites in ``keep`` are left as
+    they are.
+    """
+    out = dict(natural)
+    for i, (v, q) in enumerate(qs.items()):
+        if v in keep or not q.family.random_restart or q.family.start_at is None:
+            continue
+        draw = q.family.sample(jax.random.fold_in(rng_key, i), natural[v], ())
+        out[v] = q.family.start_at(natural[v], draw)
+    return out
+
+
+def random_params(rng_key: jax.Array, transforms: Mapping[str, Any], params: Mapping[str, Any]) -> dict:
+    """Point estimates moved by a standard normal step on their unconstrained space."""
+    out = dict(params)
+    for i, (name, value) in enumerate(params.items()):
+        transform = transforms.get(name)
+        if transform is None:
+            continue
+        u = transform.inv(value)
+        u = u + jax.random.normal(jax.random.fold_in(rng_key, i), jnp.shape(u), jnp.result_type(u))
+        out[name] = transform(u)
+    return out
+
+
+def finite_state(state: Any, elbo: jax.Array) -> bool:
+    """Whether a run ended with finite natural parameters and a finite last ELBO."""
+    natural_ok = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(state.natural))
+    return natural_ok and (len(elbo) == 0 or bool(jnp.isfinite(elbo[-1])))
+
+
+def best_restart(states: Any, elbo: jax.Array, num_run: list[int]) -> tuple[int, list[bool]]:
+    """The restart with the highest final ELBO among the finite ones, and which are finite.
+
+    Raises:
+      FloatingPointError: when no restart ended finite.
+    """
+    finite = []
+    for c, n in enumerate(num_run):
+        finite.append(finite_state(jax.tree.map(lambda a: a[c], states), elbo[c, :n]))
+    if not any(finite):
+        raise FloatingPointError(
+            "every restart ended with a q or ELBO that is not finite: a factor's expected log "
+            "density diverges under q; check the model's priors and data, or start elsewhere (init=...)."
+        )
+    finals = jnp.asarray([elbo[c, n - 1] if ok else -jnp.inf for c, (n, ok) in enumerate(zip(num_run, finite))])
+    return int(jnp.argmax(finals)), finite

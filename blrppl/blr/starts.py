@@ -1,0 +1,239 @@
+"""Where q starts: the prior, pushed through the graph in trace order.
+
+Each variable starts at its prior factor's site parameter evaluated at the
+starting q of its parents (a hierarchical prior ``theta ~ N(mu, 1/sqrt(tau))``
+starts at N(E[mu], 1/E[tau])). Categorical latents break the symmetry of
+exchangeable priors (mixture components), which would otherwise leave VMP at
+the symmetric fixed point forever: when the latent indexes observations
+(``y_n ~ f(mu[z_n])``), its responsibilities start from k-means++ seeding on
+those observations (Arthur & Vassilvitskii 2007) with the rng_key, refined by
+a few k-means steps; otherwise from random responsibilities.
+
+The data a start reads (a prior's parameters, the observations k-means
+seeds on) are gathered once per plan by :func:`start_arrays` into the plan's
+arrays; :func:`initial_natural` is then a pure function of the key and the
+arrays, compiled once with the rest of a fit.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
+
+from blrppl.errors import ModelError
+from blrppl.estimators.base import FactorEstimator, PlanArrays, owner
+
+
+def _prior_factors(graph: Any, v: str) -> list[str]:
+    return [f for f in graph.factors if owner(graph, f) == v]
+
+
+def start_arrays(graph: Any, qs: Mapping[str, Any], estimators: tuple, init: Mapping[str, Any]) -> dict:
+    """The data-dependent pieces of every variable's start (plan time, eager).
+
+    Per variable, a dict with any of: ``"placeholder"`` (a valid λ with the
+    right shapes, from the prior), ``"gaussian"`` (the start of a Gaussian
+    whose prior factor has no exact site parameter: the prior's moments),
+    ``"points"`` (observations for k-means responsibilities).
+    """
+    methods = {est.factor: est.method for est in estimators}
+    out: dict = {}
+    for v, q in qs.items():
+        node = graph.variables[v]
+        entry: dict = {}
+        if q.family.layout.example is None:
+            entry["placeholder"] = _from_prior(q, node)
+        if q.family.index_valued:
+            sizes = (q.shape[0], q.shape[0] - 1) if q.family.chain else (q.shape[0],) if len(q.shape) == 1 else ()
+            for size in sizes:
+                points = _observations(graph, v, size)
+                if points is not None:
+                    entry["points"] = points
+                    break
+        priors = _prior_factors(graph, v)
+        if q.family.gaussian and not q.family.chain and any(methods[f].estimated for f in priors):
+            entry["gaussian"] = _gaussian_from_prior(q, node)
+        out[v] = entry
+    return out
+
+
+def initial_natural(
+    rng_key: jax.Array,
+    graph: Any,
+    qs: Mapping[str, Any],
+    estimators: tuple[FactorEstimator, ...],
+    arrays: PlanArrays,
+    init: Optional[Mapping[str, Any]] = None,
+) -> dict:
+    """Natural parameters to start from (module docstring); a pure function.
+
+    ``init`` maps sites to a numpyro distribution (q starts there) or a value
+    (q keeps the spread it has from the prior but is centred at the value).
+    """
+    natural = {}
+    for v, q in qs.items():
+        starts = arrays.starts[v]
+        natural[v] = starts["placeholder"] if "placeholder" in starts else q.example_natural()
+    by_factor = {est.factor: est for est in estimators}
+    for i, (v, q) in enumerate(qs.items()):
+        key = jax.random.fold_in(rng_key, i)
+        starts = arrays.starts[v]
+        if q.family.index_valued:
+            natural[v] = _categorical_start(key, q, starts.get("points"))
+            continue
+        if "gaussian" in starts:
+            natural[v] = starts["gaussian"]
+            continue
+        priors = _prior_factors(graph, v)
+        if not priors:
+            continue
+        mean = {u: qs[u].family.mean_params(natural[u]) for u in natural}
+        messages = [by_factor[f].estimate(key, mean, arrays.params, arrays)[1][v] for f in priors]
+        natural[v] = jax.tree.map(lambda *xs: sum(xs[1:], xs[0]), *messages)
+    for v, start in (init or {}).items():
+        natural[v] = user_start(qs[v], natural[v], start)
+    return natural
+
+
+def check_start(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> None:
+    """A start outside the family (an improper prior pushed through the graph) is an error.
+
+    Raises:
+      ModelError: naming the first variable whose start is not a valid q.
+    """
+    for v, q in qs.items():
+        if not bool(jnp.all(q.family.is_valid(natural[v]))):
+            raise ModelError(
+                f"site {v!r}: its prior does not define a proper starting q ({q.family.name}); "
+                "give the site a proper prior, or start it with init={site: value}."
+            )
+
+
+def user_start(q: Any, natural: Any, start: Any) -> Any:
+    """q's natural parameters from a user's ``init`` entry (a distribution or a value)."""
+    if isinstance(start, dist.Distribution):
+        if q.transform is not None:
+            raise ModelError(
+                f"site {q.name!r}: its q is a Gaussian on the unconstrained space; pass a value in "
+                "the site's support as init, not a distribution."
+            )
+        try:
+            new = q.family.from_numpyro(start)
+        except Exception as error:  # noqa: BLE001 - re-raised with the site named
+            raise ModelError(f"site {q.name!r}: init distribution is not a {q.family.name} ({error}); pass one.") from None
+        return jax.tree.map(lambda a, old: jnp.broadcast_to(a, jnp.shape(old)), new, natural)
+    if q.family.start_at is None:
+        raise ModelError(f"site {q.name!r}: init by value is not available for {q.family.name}; pass a distribution.")
+    value = jnp.asarray(start, jnp.result_type(float))
+    if q.transform is not None:
+        value = q.transform.inv(value)
+    value = q.value_to_family(jnp.broadcast_to(value, q.shape))
+    return q.family.start_at(natural, value)
+
+
+def _from_prior(q: Any, node: Any) -> Any:
+    """A valid member of the variable's family with the right shapes, from its prior."""
+    try:
+        natural = q.family.from_numpyro(node.prior)
+    except Exception as error:  # noqa: BLE001 - re-raised with the site named
+        raise ModelError(
+            f"site {q.name!r}: cannot start q ({q.family.name}) from the prior {type(node.prior).__name__} "
+            f"({error}); pass init= or choose another family."
+        ) from None
+    num_batch = len(q.family.batch_shape(natural))
+    return jax.tree.map(lambda a: jnp.broadcast_to(a, q.batch_shape + jnp.shape(a)[num_batch:]), natural)
+
+
+def _gaussian_from_prior(q: Any, node: Any) -> Any:
+    """A Gaussian start for a site whose prior factor has no exact site parameter.
+
+    The prior's mean and variance where numpyro has them (at the starting
+    values of the site's parents), mapped to q's space; else the centre of
+    the support with unit variance on the unconstrained space.
+    """
+    loc, var = None, None
+    if q.transform is None:
+        try:
+            loc, var = jnp.asarray(node.prior.mean), jnp.asarray(node.prior.variance)
+        except (NotImplementedError, AttributeError):
+            loc = None
+    if loc is None or not bool(jnp.all(jnp.isfinite(loc)) & jnp.all(jnp.isfinite(var)) & jnp.all(var > 0)):
+        loc, var = jnp.zeros(q.shape), jnp.ones(q.shape)
+    loc = jnp.broadcast_to(loc, q.shape)
+    var = jnp.broadcast_to(var, q.shape)
+    if q.family.event_ndim == 0:
+        return q.family.from_usual(loc, jnp.sqrt(var))
+    d = q.example_natural().x.shape[-1]
+    flat_loc = jnp.reshape(loc, q.batch_shape + (d,))
+    flat_var = jnp.reshape(var, q.batch_shape + (d,))
+    return q.family.from_usual(flat_loc, covariance_matrix=flat_var[..., None] * jnp.eye(d))
+
+
+def _observations(graph: Any, var: str, size: int) -> Optional[np.ndarray]:
+    """The observations a categorical latent of length ``size`` indexes (rows), if any."""
+    for node in graph.factors.values():
+        if node.kind != "likelihood" or var not in node.neighbours or node.value is None:
+            continue
+        data = np.asarray(node.value, dtype=np.result_type(float, np.asarray(node.value).dtype))
+        if data.ndim == 0 or data.shape[0] != size or not np.all(np.isfinite(data)):
+            continue
+        return jnp.asarray(np.reshape(data, (size, -1)), jnp.result_type(float))
+    return None
+
+
+def _categorical_start(rng_key: jax.Array, q: Any, points: Optional[jax.Array]) -> Any:
+    """Responsibilities: k-means on the indexed observations, else random (Dirichlet(1)).
+
+    A chain starts with independent marginals (no pair potentials); its
+    k-means marginals are aligned at the end of the chain (a scan chain joined
+    with its initial state has one state more than observations; that state
+    starts uniform).
+    """
+    num = q.num_categories
+    length = q.shape[0] if q.shape else 1
+    if points is not None:
+        probs = _kmeans(rng_key, points, num)
+        if q.family.chain:
+            uniform = jnp.full((length - points.shape[0], num), 1.0 / num)
+            probs = jnp.concatenate([uniform, probs])
+    else:
+        probs = jax.random.dirichlet(rng_key, jnp.ones(num), q.shape)
+    if q.family.chain:
+        return q.family.stats_type(one_hot=jnp.log(probs), pair=jnp.zeros((length - 1, num, num)))
+    return q.family.stats_type(one_hot=jnp.log(probs))
+
+
+LLOYD_STEPS = 10
+
+
+def _distances(points: jax.Array, centres: jax.Array) -> jax.Array:
+    return jnp.sum((points[:, None, :] - centres[None]) ** 2, -1)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _kmeans(rng_key: jax.Array, points: jax.Array, num: int) -> jax.Array:
+    """k-means++ seeding and a few Lloyd steps; soft-hard responsibilities (N, num)."""
+    size = points.shape[0]
+    points = (points - points.mean(0)) / (points.std(0) + 1e-12)
+    keys = jax.random.split(rng_key, num)
+    centres = [points[jax.random.randint(keys[0], (), 0, size)]]
+    for k in range(1, num):
+        distance = jnp.min(jnp.stack([jnp.sum((points - c) ** 2, -1) for c in centres]), 0)
+        choice = jax.random.choice(keys[k], size, p=distance / jnp.sum(distance))
+        centres.append(points[choice])
+
+    def lloyd(_, centres):
+        hard = jax.nn.one_hot(jnp.argmin(_distances(points, centres), -1), num)
+        counts = hard.sum(0)
+        moved = (hard.T @ points) / jnp.maximum(counts, 1.0)[:, None]
+        return jnp.where(counts[:, None] > 0, moved, centres)
+
+    centres = jax.lax.fori_loop(0, LLOYD_STEPS, lloyd, jnp.stack(centres))
+    hard = jax.nn.one_hot(jnp.argmin(_distances(points, centres), -1), num)
+    return 0.9 * hard + 0.1 / num
+

@@ -1,0 +1,163 @@
+"""Table 1 of Khan & Rue as configuration values.
+
+Each function returns a :class:`~blrppl.blr.config.Config`: the row's choice of
+q, natural-gradient approximation, learning rate and schedule, composed from
+the same building blocks (optax builds its aliases over ``chain`` the same
+way). The engine classes in this package only call these.
+
+==========================  ================================================
+Table 1 row                 configuration
+==========================  ================================================
+Conjugate Bayes (Sec. 5.1)  exact site parameters, ρ = 1, all blocks at once,
+                            every factor on one q block
+Laplace (Sec. 4.4)          one Gaussian block over every latent, delta method
+Expectation-Maximisation    exact site parameters for q, delta method for
+(Sec. 5.2)                  point estimates (M-step), ρ = 1, coordinate-wise
+Stochastic VI (Sec. 5.3)    minibatches of one plate, local ρ = 1, global ρ_t
+VMP (Sec. 5.3)              exact site parameters, ρ = 1, coordinate-wise
+Non-conjugate VI (Sec. 5.4) exact where conjugate, estimated elsewhere, ρ < 1
+==========================  ================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+from blrppl.blr.config import Config, make_config
+from blrppl.blr.schedules import robbins_monro
+from blrppl.estimators.select import EstimatorOptions
+
+EXACT = EstimatorOptions(choice="exact", exact_only=True)
+"""Every factor exact (symbolic) or an error that names the edge."""
+
+
+def blr(
+    *,
+    mode: str = "global",
+    schedule: str = "sequential",
+    learning_rate: Union[float, Callable] = 1.0,
+    estimator: Union[str, Mapping[str, str]] = "exact",
+    num_samples: int = 16,
+    families: Optional[Mapping[str, str]] = None,
+    blocks: Optional[Sequence[Sequence[str]]] = None,
+    point_estimates: Optional[Sequence[str]] = None,
+    init: Optional[Mapping[str, Any]] = None,
+    order: Optional[Sequence[str]] = None,
+    average: Optional[bool] = None,
+) -> Config:
+    """The general rule: every option of ``shared/API.md``.
+
+    ``estimator="exact"`` keeps exact site parameters and refuses
+    non-conjugate factors; any other choice estimates the factors that are
+    not conjugate with it (``"auto"``, ``"delta"``, ``"mc"``, ``"quadrature"``),
+    and a dict sets it per factor.
+    """
+    if isinstance(estimator, Mapping):
+        options = EstimatorOptions(choice=dict(estimator), num_samples=num_samples)
+    elif estimator == "exact":
+        options = EstimatorOptions(choice="exact", num_samples=num_samples)
+    else:
+        options = EstimatorOptions(choice="exact", fallback=estimator, num_samples=num_samples)
+    return make_config(
+        mode=mode,
+        schedule=schedule,
+        learning_rate=learning_rate,
+        estimators=options,
+        families=families or {},
+        blocks=blocks or (),
+        point_estimates=point_estimates or (),
+        init=init or {},
+        order=order,
+        average=average,
+    )
+
+
+def conjugate_bayes(*, mode: str = "global", families: Optional[Mapping[str, str]] = None) -> Config:
+    """Exact Bayes: one ρ = 1 step of every block from the prior (Sec. 5.1, Eq. 54)."""
+    return make_config(
+        name="ConjugateBayes",
+        mode=mode,
+        schedule="parallel",
+        learning_rate=1.0,
+        estimators=EXACT,
+        families=families or {},
+        posterior_in_family=True,
+        point_params=False,
+    )
+
+
+def vmp(
+    *,
+    mode: str = "global",
+    families: Optional[Mapping[str, str]] = None,
+    order: Optional[Sequence[str]] = None,
+    init: Optional[Mapping[str, Any]] = None,
+) -> Config:
+    """Variational message passing: ρ = 1 for every node, coordinate-wise (Sec. 5.3)."""
+    return make_config(
+        name="VMP", mode=mode, schedule="sequential", learning_rate=1.0, estimators=EXACT,
+        families=families or {}, order=order, init=init or {},
+    )
+
+
+def em(
+    *,
+    mode: str = "global",
+    families: Optional[Mapping[str, str]] = None,
+    point_estimates: Optional[Sequence[str]] = None,
+    order: Optional[Sequence[str]] = None,
+    init: Optional[Mapping[str, Any]] = None,
+) -> Config:
+    """EM: VMP's exact E-step, the delta method (M-step) for point estimates (Sec. 5.2)."""
+    return vmp(mode=mode, families=families, order=order, init=init)._replace(
+        name="EM", point_estimates=tuple(point_estimates or ())
+    )
+
+
+def svi(
+    *,
+    mode: str = "global",
+    learning_rate: Union[float, Callable] = robbins_monro(1.0, 0.7),
+    families: Optional[Mapping[str, str]] = None,
+    order: Optional[Sequence[str]] = None,
+    init: Optional[Mapping[str, Any]] = None,
+) -> Config:
+    """Stochastic VI: minibatches, local ρ = 1, global ρ_t (Sec. 5.3, Hoffman et al. 2013)."""
+    return make_config(
+        name="SVI", mode=mode, schedule="sequential", learning_rate=learning_rate, estimators=EXACT,
+        families=families or {}, order=order, init=init or {}, minibatch=True,
+    )
+
+
+def nonconjugate_vi(
+    *,
+    estimator: Union[str, Mapping[str, str]] = "auto",
+    num_samples: int = 16,
+    learning_rate: Union[float, Callable] = 0.2,
+    mode: str = "global",
+    schedule: str = "sequential",
+    families: Optional[Mapping[str, str]] = None,
+    blocks: Optional[Sequence[Sequence[str]]] = None,
+    order: Optional[Sequence[str]] = None,
+    init: Optional[Mapping[str, Any]] = None,
+    average: Optional[bool] = None,
+) -> Config:
+    """Non-conjugate VI: exact where conjugate, estimated natural gradients elsewhere (Sec. 5.4)."""
+    if isinstance(estimator, Mapping):
+        options = EstimatorOptions(choice=dict(estimator), fallback="auto", num_samples=num_samples)
+    else:
+        if estimator not in ("auto", "mc", "delta", "quadrature"):
+            raise ValueError(f"estimator must be 'auto', 'mc', 'delta' or 'quadrature', got {estimator!r}.")
+        options = EstimatorOptions(choice="exact", fallback=estimator, num_samples=num_samples)
+    return make_config(
+        name="NonConjugateVI", mode=mode, schedule=schedule, learning_rate=learning_rate, estimators=options,
+        families=families or {}, blocks=blocks or (), order=order, init=init or {}, average=average,
+    )
+
+
+def laplace(*, learning_rate: Union[float, Callable] = 1.0, init: Optional[Mapping[str, Any]] = None) -> Config:
+    """Laplace's method: one Gaussian over every latent, delta-method site parameters (Sec. 4.4)."""
+    return make_config(
+        name="Laplace", learning_rate=learning_rate, estimators=EstimatorOptions(forced="delta"),
+        blocks="all", init=init or {}, continuous_only=True,
+    )

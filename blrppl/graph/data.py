@@ -1,0 +1,67 @@
+"""A model's arguments as data: arrays that compiled fits take as arguments.
+
+Fitting the same model to new data of the same shapes must not compile again
+(the data are arguments of the compiled step, not constants folded into it).
+:func:`split_model_data` separates the array leaves of ``(model_args,
+model_kwargs)`` from the static ones; :meth:`ModelData.rebuild` puts new
+arrays (or tracers) back in their places.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
+
+import jax
+import numpy as np
+
+
+class ModelData(NamedTuple):
+    """A model's arguments split into arrays (passed to compiled code) and the rest.
+
+    ``arrays`` are the array leaves of ``(model_args, model_kwargs)`` (numpy
+    or JAX arrays, any dtype): they may change between fits without a new
+    compilation. Everything else (Python scalars, strings, None, callables)
+    is static: it is part of the structure a compiled fit is keyed by.
+    """
+
+    arrays: tuple
+    treedef: Any
+    static: tuple  # (position, value) of every non-array leaf
+
+    def rebuild(self, arrays: Optional[Sequence[Any]] = None) -> tuple[tuple, dict]:
+        """``(model_args, model_kwargs)`` with ``arrays`` in place of the stored ones."""
+        arrays = self.arrays if arrays is None else tuple(arrays)
+        leaves: list[Any] = [None] * (len(arrays) + len(self.static))
+        static = dict(self.static)
+        it = iter(arrays)
+        for i in range(len(leaves)):
+            leaves[i] = static[i] if i in static else next(it)
+        args, kwargs = jax.tree_util.tree_unflatten(self.treedef, leaves)
+        return tuple(args), dict(kwargs)
+
+    @property
+    def signature(self) -> tuple:
+        """Hashable structure: the tree, the static leaves, the arrays' shapes and dtypes."""
+        shapes = tuple((tuple(np.shape(a)), str(np.asarray(a).dtype)) for a in self.arrays)
+        static = tuple((i, _hashable(v)) for i, v in self.static)
+        return (self.treedef, static, shapes)
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return ("unhashable", type(value).__name__, id(value))
+
+
+def split_model_data(model_args: tuple, model_kwargs: Mapping[str, Any]) -> ModelData:
+    """Split a model's arguments into :class:`ModelData` (arrays and static leaves)."""
+    leaves, treedef = jax.tree_util.tree_flatten((tuple(model_args), dict(model_kwargs)))
+    arrays, static = [], []
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, (np.ndarray, jax.Array)) and not isinstance(leaf, jax.core.Tracer):
+            arrays.append(leaf)
+        else:
+            static.append((i, leaf))
+    return ModelData(tuple(arrays), treedef, tuple(static))
