@@ -8,8 +8,9 @@ import jax
 import numpy as np
 
 from blrppl.symbolic.expectation import CHAIN_CATEGORICAL, Analysis, VarInfo, resolve
-from blrppl.symbolic.interpret import Interpreter, categorical_variable
+from blrppl.symbolic.interpret import Interpreter
 from blrppl.symbolic.terms import Labels, NonConjugate, Poly, Term, variable
+from blrppl.symbolic.values import categorical_variable
 
 # Discrete variables whose values are indices, enumerated on use (``mu[z]``).
 _INDEX_KINDS = ("categorical", CHAIN_CATEGORICAL)
