@@ -54,6 +54,9 @@ def unsupported(name: str, var: str | None) -> NonConjugate:
 class Interpreter:
     """Walk a jaxpr with symbolic inputs (see the module docstring).
 
+    Rules receive the interpreter and use its ``space``, its ``categorical``
+    table, :meth:`structural` and :meth:`evaluate`.
+
     Args:
       space: the label space shared with the expectation step.
       categorical: categorical variable name -> (value shape, number of

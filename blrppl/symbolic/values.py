@@ -3,7 +3,9 @@
 While :mod:`blrppl.symbolic.interpret` walks a jaxpr, each variable holds
 either a constant (a numpy array, or a PRNG key), a symbolic array
 (:class:`~blrppl.symbolic.terms.Poly`), or a :class:`Poisoned` value that may
-be carried along but must never be used.
+be carried along but must never be used. The interpreter's rule modules share
+these helpers, and :func:`int_params`, which reruns a primitive on integer
+positions instead of its data (index remapping).
 """
 
 from __future__ import annotations
