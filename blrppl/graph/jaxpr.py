@@ -15,9 +15,10 @@ same table, :data:`PRIMITIVES`, and share:
   (which inputs each output may depend on, equation by equation).
 
 A primitive missing from the table is unknown to every walker: the
-dependency analysis joins all its inputs, the interpreter refuses it on a
-random value (naming it), and the linear-predictor search treats it as
-non-affine.
+dependency analysis joins all its inputs (or enters its body, if it has one
+that maps its inputs to its outputs one to one: :func:`inner_jaxpr`), the
+interpreter refuses it on a random value, naming it, and the
+linear-predictor search treats it as non-affine.
 
 This module imports nothing from blrppl but jax itself, so that any layer may
 use it.
@@ -147,11 +148,6 @@ PRIMITIVES: dict[str, PrimitiveClass] = {
 #: Parameter names under which call-like primitives keep their body, across jax versions.
 _BODY_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 _MISSING = object()
-
-
-def classify(name: str) -> PrimitiveClass | None:
-    """Return the table row of primitive ``name``, or None for an unknown primitive."""
-    return PRIMITIVES.get(name)
 
 
 def role(name: str) -> str | None:

@@ -102,7 +102,9 @@ def _enumerate_gather(interp: Any, eqn: Any, operand: Any, indices: Any) -> Poly
     poly = as_poly(indices, space)
     cats = {a.var for t in poly.terms for a in t.atoms if a.kind == "cat"}
     if len(cats) != 1 or any(a.kind != "cat" for t in poly.terms for a in t.atoms) or poly.selectors:
-        raise NonConjugate(first_var(poly), "an index computed from random values other than one categorical latent")
+        raise NonConjugate(
+            first_var(poly), "an index computed from random values other than one categorical latent"
+        )
     (var,) = cats
     z_value_shape, num = interp.categorical[var]
     dn = params["dimension_numbers"]

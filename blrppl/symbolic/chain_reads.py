@@ -105,7 +105,9 @@ def chain_categorical_reads(
     """
     for atom in atoms:
         if atom.kind != "one_hot" or atom.power != 1:
-            raise NonConjugate(var, f"{describe_atom(atom)} is not a sufficient statistic of its chain Categorical q")
+            raise NonConjugate(
+                var, f"{describe_atom(atom)} is not a sufficient statistic of its chain Categorical q"
+            )
     if any(not np.all(np.isfinite(np.asarray(op.array, float))) for op in operands):
         raise NonConjugate(
             var,

@@ -91,7 +91,9 @@ def einsum_letters(label_lists: Iterable[Sequence[Any]]) -> dict:
     return mapping
 
 
-def take_observations(array: jax.Array, labels: Sequence[Any], label: Any, batch: jax.Array | None) -> jax.Array:
+def take_observations(
+    array: jax.Array, labels: Sequence[Any], label: Any, batch: jax.Array | None
+) -> jax.Array:
     """Read ``array`` at the observations ``batch`` along the axis labelled ``label``.
 
     Args:
@@ -166,7 +168,9 @@ def read_statistic(
     return array, labels
 
 
-def expected_value(analysis: Analysis | Sequence[StatTerm], mean: Mapping, batch: jax.Array | None = None) -> jax.Array:
+def expected_value(
+    analysis: Analysis | Sequence[StatTerm], mean: Mapping, batch: jax.Array | None = None
+) -> jax.Array:
     """E_q[log f] from mean parameters (value-layout dicts per variable).
 
     Args:

@@ -48,7 +48,9 @@ _RULES = {**rules.RULES, **categorical.RULES}
 
 def unsupported(name: str, var: str | None) -> NonConjugate:
     """The non-conjugacy of primitive ``name`` applied to a random value of ``var``."""
-    return NonConjugate(var, f"the primitive {name!r} applied to {var!r} is not supported by the symbolic interpreter")
+    return NonConjugate(
+        var, f"the primitive {name!r} applied to {var!r} is not supported by the symbolic interpreter"
+    )
 
 
 class Interpreter:

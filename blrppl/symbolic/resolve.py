@@ -116,7 +116,10 @@ def _canonical(term: StatTerm, obs=None):
             r.var,
             r.stat,
             tuple(
-                (tuple(order[lab] for lab in idx.labels), None if idx.direct else (idx.array.shape, idx.array.tobytes()))
+                (
+                    tuple(order[lab] for lab in idx.labels),
+                    None if idx.direct else (idx.array.shape, idx.array.tobytes()),
+                )
                 for idx in r.index
             ),
         )
