@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from blrppl.blr.elbo import mean_params
 from blrppl.errors import ModelError
-from blrppl.symbolic.expectation import _letters, _read, _take
+from blrppl.symbolic.expectation import einsum_letters, read_statistic, take_observations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +99,7 @@ class IncrementalStore:
         obs = self.obs_label[entry.factor]
         sizes[obs] = self.obs_size
         for r in entry.others + (entry.v_read,):
-            array, labels = _read(mean_layout(self.qs, mean, r.var), r)
+            array, labels = read_statistic(mean_layout(self.qs, mean, r.var), r)
             for lab, n in zip(labels, jnp.shape(array)):
                 sizes[lab] = n
         if entry.term.operand is not None:
@@ -137,14 +137,14 @@ class IncrementalStore:
         obs = self.obs_label[entry.factor]
         arrays, label_lists = [], []
         for r in entry.others:
-            array, labels = _read(mean_layout(self.qs, mean, r.var), r, obs, batch)
+            array, labels = read_statistic(mean_layout(self.qs, mean, r.var), r, obs, batch)
             arrays.append(array)
             label_lists.append(labels)
         out_labels = list(entry.w_labels)
         shape_m = jnp.shape(batch)[0]
         arrays.append(jnp.ones((shape_m,)))
         label_lists.append([obs])
-        letters = _letters(label_lists + [out_labels])
+        letters = einsum_letters(label_lists + [out_labels])
         spec = ",".join("".join(letters[l] for l in labs) for labs in label_lists)
         spec += "->" + "".join(letters[l] for l in out_labels)
         return jnp.einsum(spec, *arrays)
@@ -154,10 +154,10 @@ class IncrementalStore:
         arrays, label_lists = [w_delta], [list(entry.w_labels)]
         if entry.term.operand is not None:
             labels = list(entry.term.operand.labels)
-            arrays.append(_take(jnp.asarray(entry.term.operand.array), labels, obs, batch))
+            arrays.append(take_observations(jnp.asarray(entry.term.operand.array), labels, obs, batch))
             label_lists.append(labels)
         out = list(entry.a_labels)
-        letters = _letters(label_lists + [out])
+        letters = einsum_letters(label_lists + [out])
         spec = ",".join("".join(letters[l] for l in labs) for labs in label_lists)
         spec += "->" + "".join(letters[l] for l in out)
         return entry.term.coeff * jnp.einsum(spec, *arrays)
@@ -199,8 +199,8 @@ class IncrementalStore:
             def expected(layout):
                 value = 0.0
                 for entry, a in aggregates:
-                    array, labels = _read({v: layout}, entry.v_read)
-                    letters = _letters([list(entry.a_labels), labels])
+                    array, labels = read_statistic({v: layout}, entry.v_read)
+                    letters = einsum_letters([list(entry.a_labels), labels])
                     spec = "".join(letters[l] for l in entry.a_labels) + "," + "".join(letters[l] for l in labels) + "->"
                     value = value + jnp.einsum(spec, a, array)
                 return value

@@ -5,14 +5,16 @@ scalar per observation: ``Bernoulli(logits=X @ beta)``,
 ``Poisson(jnp.exp(alpha + X @ beta))`` with ``(alpha, beta)`` one block,
 ``Normal(X @ beta, sigma)``. Then E_q[log f] needs one-dimensional
 expectations only, and Gauss-Hermite on each η_n gives the exact site
-parameter of the block at any dimension
-(:func:`~blrppl.estimators.quadrature.linear_predictor_quadrature`).
+parameter of the block at any dimension (the ``"quadrature"`` estimator of
+:func:`~blrppl.estimators.nonconjugate.nonconjugate_estimator`).
 
 :func:`find_linear_predictor` reads the structure off the jaxpr of
 ``z -> per-observation log f``: it follows which values are *affine* in z
 (sums, products with constants, matrix products with data, slices,
-reshapes, ...) and picks the last affine value that every path from z to the
-output passes through (a dominator in the dataflow graph). Everything after
+reshapes, ...: the ``linearity`` column of
+:data:`blrppl.graph.jaxpr.PRIMITIVES`, with plain calls inlined) and picks
+the last affine value that every path from z to the output passes through (a
+dominator in the dataflow graph). Everything after
 it is ``ℓ(η)``, re-run with η substituted. The elementwise structure
 (observation n depends on η_n only) is then checked numerically, so an
 unusual model falls back to Monte Carlo instead of getting a wrong answer.
@@ -27,21 +29,18 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend import core as jex_core
 
 from blrppl._types import Array
-
-_INLINE = ("pjit", "jit", "closed_call", "core_call")
-#: Linear in each argument: affine if every z-dependent input is affine.
-_LINEAR = {
-    "add", "sub", "neg", "convert_element_type", "reshape", "squeeze", "broadcast_in_dim",
-    "expand_dims", "transpose", "slice", "concatenate", "reduce_sum", "copy", "copy_p",
-    "rev", "pad", "add_any",
-}  # fmt: skip
-#: Linear in one z-dependent argument when the others are constants.
-_BILINEAR = {"mul", "dot_general"}
-#: Linear in the first argument only (the others must be constants).
-_FIRST_ONLY = {"div", "gather", "dynamic_slice"}
+from blrppl.graph.jaxpr import (
+    BILINEAR,
+    LINEAR,
+    LINEAR_IN_CASES,
+    LINEAR_IN_FIRST,
+    call_body,
+    linearity,
+    open_jaxpr,
+    walk,
+)
 
 
 class LinearPredictor(NamedTuple):
@@ -73,30 +72,21 @@ class _Flat:
         return self.count - 1
 
     def add(self, jaxpr: Any, consts: Any, in_refs: list) -> list:
-        env: dict = {}
-
-        def ref(v: Any) -> Any:
-            if isinstance(v, jex_core.Literal):
-                return ("lit", v.val)
-            return env[v]
-
+        const_refs = []
         for v, c in zip(jaxpr.constvars, consts):
             i = self.new(v.aval)
             self.consts[i] = c
-            env[v] = i
-        for v, r in zip(jaxpr.invars, in_refs):
-            env[v] = r
-        for eqn in jaxpr.eqns:
-            ins = [ref(v) for v in eqn.invars]
-            if eqn.primitive.name in _INLINE:
-                inner = eqn.params["jaxpr"]
-                outs = self.add(inner.jaxpr, inner.consts, ins)
-            else:
-                outs = [self.new(v.aval) for v in eqn.outvars]
-                self.eqns.append((eqn.primitive, eqn.params, ins, outs))
-            for v, o in zip(eqn.outvars, outs):
-                env[v] = o
-        return [ref(v) for v in jaxpr.outvars]
+            const_refs.append(i)
+
+        def record(eqn: Any, ins: list) -> list:
+            body = call_body(eqn, wrapped=False)
+            if body is not None:
+                return self.add(*open_jaxpr(body), ins)
+            outs = [self.new(v.aval) for v in eqn.outvars]
+            self.eqns.append((eqn.primitive, eqn.params, ins, outs))
+            return outs
+
+        return walk(jaxpr, const_refs, in_refs, record, literal=lambda v: ("lit", v.val))
 
     def run(self, inputs: dict, outputs: list, override: dict | None = None, stop: int | None = None) -> list:
         values = dict(self.consts)
@@ -125,17 +115,17 @@ def _affine_flags(flat: _Flat, source: int) -> tuple[set, set]:
         if not any(deps):
             continue
         dependent.update(outs)
-        name = prim.name
         all_affine = all(r in affine for r, d in zip(ins, deps) if d)
-        if name in _LINEAR:
+        kind = linearity(prim.name)
+        if kind == LINEAR:
             ok = all_affine
-        elif name in _BILINEAR:
+        elif kind == BILINEAR:
             ok = sum(deps) == 1 and all_affine
-        elif name in _FIRST_ONLY:
+        elif kind == LINEAR_IN_FIRST:
             ok = deps[0] and not any(deps[1:]) and ins[0] in affine
-        elif name == "select_n":
+        elif kind == LINEAR_IN_CASES:
             ok = not deps[0] and all_affine
-        elif name == "integer_pow":
+        elif prim.name == "integer_pow":
             ok = params.get("y") == 1 and all_affine
         else:
             ok = False

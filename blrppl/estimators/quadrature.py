@@ -1,4 +1,4 @@
-"""Gauss-Hermite quadrature for Gaussian q, and GLM likelihoods on linear predictors.
+"""Gauss-Hermite quadrature for Gaussian q, and on GLM linear predictors.
 
 ``gauss_hermite(n)`` evaluates E_q[log f] with the n-point (probabilists')
 Gauss-Hermite rule in each independent block of q: per element for a diagonal q
@@ -11,28 +11,27 @@ m and the Cholesky factor), so value and gradient are consistent, and both are
 exact when log f is a polynomial of degree < 2n in each block; with n = 3 a
 Normal likelihood gives exactly the conjugate message (y/σ², -1/(2σ²)).
 
-``linear_predictor_quadrature(n)`` is the GLM case (Khan & Lin 2017): the
-likelihood touches a full-covariance block β only through η_n = x_nᵀβ + o_n, so
-one-dimensional quadrature on each η_n gives the site parameter for β and, in
-two numbers per observation, the site parameter on η_n itself.
+``predictor_expectations`` is the GLM case (Khan & Lin 2017): when the
+likelihood touches its Gaussian neighbours only through per-observation linear
+predictors η_n (found by :mod:`~blrppl.estimators.linear_predictor`),
+one-dimensional quadrature on each η_n gives the expectations the site
+parameters need (:func:`~blrppl.estimators.nonconjugate.nonconjugate_estimator`).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from blrppl._types import Array, ArrayLike, ArrayTree, PRNGKey
+from blrppl._types import Array, PRNGKey
 from blrppl.estimators.gaussian import (
     GaussianEstimator,
     GaussianStats,
     is_full,
-    loc_cov,
     loc_scale,
     total_log_factor,
 )
@@ -102,7 +101,7 @@ def gauss_hermite(num_points: int, *, max_dim: int = 3) -> GaussianEstimator:
             raise TypeError(
                 "gauss_hermite takes one Gaussian block (NormalStats or MVNStats), got "
                 f"{type(mean).__name__}; for a factor of several Gaussian variables use "
-                "delta or monte_carlo, or linear_predictor_quadrature for a GLM."
+                "delta or monte_carlo."
             )
         total = total_log_factor(log_factor)
         loc, scale = loc_scale(mean)
@@ -112,8 +111,7 @@ def gauss_hermite(num_points: int, *, max_dim: int = 3) -> GaussianEstimator:
                 raise ValueError(
                     f"gauss_hermite on a full Gaussian block of dimension {dim} needs "
                     f"{num_points}**{dim} evaluations (max_dim={max_dim}); use "
-                    "linear_predictor_quadrature for GLM likelihoods, monte_carlo, or "
-                    "delta, or raise max_dim."
+                    "monte_carlo or delta, or raise max_dim."
                 )
             nodes, weights = hermite_rule(num_points, dim)
             nodes = jnp.asarray(nodes, loc.dtype)
@@ -137,86 +135,6 @@ def gauss_hermite(num_points: int, *, max_dim: int = 3) -> GaussianEstimator:
 
 
 # GLM likelihoods on linear predictors (Khan & Lin 2017).
-
-
-class PredictorSites(NamedTuple):
-    """Per-observation results of :func:`linear_predictor_quadrature`.
-
-    Attributes:
-      natural: the Gaussian site parameter on each η_n, natural-parameter
-        layout of a scalar Normal: ``x`` = α_n = E[ℓ'] - E[ℓ''] η̄_n and
-        ``x_sq`` = β_n = E[ℓ''] / 2 (so the site is exp(α_n η + β_n η²)),
-        shapes batch + (N,).
-      expected: E_q[ℓ(y_n, η_n)], shape batch + (N,).
-    """
-
-    natural: NormalStats
-    expected: Array
-
-
-def _check_design(
-    mean: MVNStats, design: Array, offset: Any, observations: ArrayTree
-) -> None:
-    if not isinstance(mean, MVNStats):
-        raise TypeError(
-            "linear_predictor_quadrature needs a full-covariance block (MVNStats) for the "
-            f"coefficients, got {type(mean).__name__}."
-        )
-    dim = mean.x.shape[-1]
-    if design.ndim < 2 or design.shape[-1] != dim:
-        raise ValueError(
-            f"design must have shape (..., N, D) with D = {dim} (the coefficient block's "
-            f"size), got {design.shape}."
-        )
-    predictor_shape = jnp.broadcast_shapes(design.shape[:-1], mean.x.shape[:-1] + (1,))
-    for name, value in [("offset", offset)] + [
-        ("observations", leaf) for leaf in jax.tree.leaves(observations)
-    ]:
-        if value is None:
-            continue
-        try:
-            jnp.broadcast_shapes(jnp.shape(value), predictor_shape)
-        except ValueError:
-            raise ValueError(
-                f"{name} of shape {jnp.shape(value)} does not broadcast against the "
-                f"linear predictor's shape {predictor_shape} (design {design.shape})."
-            ) from None
-
-
-def predictor_moments(
-    mean: MVNStats, design: ArrayLike, offset: ArrayLike | None = None
-) -> tuple[Array, Array]:
-    """Return the mean X m + o and variance diag(X Σ Xᵀ) of η = Xβ + o under q(β).
-
-    The variance is computed as row sums Σ_de X_nd Σ_de X_ne, O(N D²), never
-    forming an N x N matrix. Shapes: ``design`` (..., N, D), results (..., N).
-    """
-    loc, cov = loc_cov(mean)
-    design = jnp.asarray(design, loc.dtype)
-    eta_mean = jnp.einsum("...nd,...d->...n", design, loc)
-    if offset is not None:
-        eta_mean = eta_mean + offset
-    eta_var = jnp.sum(jnp.einsum("...nd,...de->...ne", design, cov) * design, axis=-1)
-    return eta_mean, eta_var
-
-
-def predictor_to_block(
-    design: ArrayLike, sites: NormalStats, offset: ArrayLike | None = None
-) -> MVNStats:
-    """Pull per-observation sites on η_n = x_nᵀβ + o_n back to the block β.
-
-    exp(Σ_n α_n η_n + β_n η_n²) as a function of β has natural parameters::
-
-        (Xᵀ (α + 2 β ⊙ o),  Xᵀ diag(β) X)
-
-    in ``MVNStats`` layout (the ``xxT`` coefficient, -Λ/2 convention).
-    """
-    design = jnp.asarray(design)
-    linear = sites.x if offset is None else sites.x + 2.0 * sites.x_sq * offset
-    return MVNStats(
-        x=jnp.einsum("...nd,...n->...d", design, linear),
-        xxT=jnp.einsum("...nd,...n,...ne->...de", design, sites.x_sq, design),
-    )
 
 
 def predictor_expectations(
@@ -244,65 +162,3 @@ def predictor_expectations(
     (values, first), (_, second) = jax.jvp(value_and_slope, (eta,), (jnp.ones_like(eta),))
     w = jnp.asarray(weights, dtype)
     return tuple(jnp.tensordot(w, a, axes=1) for a in (values, first, second))
-
-
-def linear_predictor_quadrature(num_points: int) -> GaussianEstimator:
-    """Build the GLM estimator: Gauss-Hermite on each linear predictor (Khan & Lin 2017).
-
-    For log f(β) = Σ_n ℓ(y_n, η_n), η_n = x_nᵀβ + o_n, and q(β) = N(m, Σ), each
-    η_n is N(η̄_n, s_n²) with η̄ = X m + o and s² = diag(X Σ Xᵀ); n-point
-    Gauss-Hermite on each gives E[ℓ], E[ℓ'] and E[ℓ''] (derivatives in η), and
-    Bonnet and Price (Khan & Rue, Eqs. 10-11) with g = Xᵀℓ', H = Xᵀdiag(ℓ'')X::
-
-        ∇_{μ1} = Xᵀ (E[ℓ'] - E[ℓ''] ⊙ X m),     ∇_{μ2} = ½ Xᵀ diag(E[ℓ'']) X
-        α_n = E[ℓ'_n] - E[ℓ''_n] η̄_n,           β_n = E[ℓ''_n] / 2
-
-    and ``predictor_to_block(X, (α, β), o)`` reproduces the block site exactly.
-
-    Returns:
-      A :class:`GaussianEstimator` with ``method="quadrature"`` whose
-      ``estimate(rng_key, mean, log_likelihood, design, observations,
-      offset=None)`` returns ``(value, nat_grad, sites)``: the scalar
-      Σ_n E[ℓ_n], the ``MVNStats`` site parameter for β, and
-      :class:`PredictorSites`. ``mean`` is the ``MVNStats`` μ of β, shapes
-      (..., D) and (..., D, D); ``design`` is (..., N, D); ``log_likelihood
-      (observations, eta)`` is vectorised and elementwise (output n depends on
-      η_n only), e.g. ``lambda y, eta: y * eta - jnp.logaddexp(0, eta)``;
-      ``observations`` is any pytree ``log_likelihood`` understands, its
-      leaves broadcasting against (..., N).
-
-    Raises:
-      ValueError: for a bad ``num_points``, or (when ``estimate`` is traced) a
-        design, offset or observations of the wrong shape.
-      TypeError: if ``mean`` is not ``MVNStats``.
-    """
-    _check_num_points(num_points)
-    nodes, weights = hermite_rule(num_points)
-
-    def estimate(
-        rng_key: PRNGKey | None,
-        mean: MVNStats,
-        log_likelihood: Callable[[ArrayTree, Array], Array],
-        design: ArrayLike,
-        observations: ArrayTree,
-        offset: ArrayLike | None = None,
-    ) -> tuple[Array, MVNStats, PredictorSites]:
-        del rng_key  # Deterministic.
-        design = jnp.asarray(design, jnp.result_type(mean.x))
-        _check_design(mean, design, offset, observations)
-        eta_mean, eta_var = predictor_moments(mean, design, offset)
-        expected, d1, d2 = predictor_expectations(
-            lambda e: log_likelihood(observations, e), eta_mean, eta_var, nodes, weights
-        )
-        fitted = eta_mean if offset is None else eta_mean - offset  # X m
-        nat_grad = MVNStats(
-            x=jnp.einsum("...nd,...n->...d", design, d1 - d2 * fitted),  # Eq. 10
-            xxT=0.5
-            * jnp.einsum("...nd,...n,...ne->...de", design, d2, design),  # Eq. 11
-        )
-        sites = PredictorSites(
-            natural=NormalStats(x=d1 - d2 * eta_mean, x_sq=0.5 * d2), expected=expected
-        )
-        return jnp.sum(expected), nat_grad, sites
-
-    return GaussianEstimator(estimate=estimate, method="quadrature")

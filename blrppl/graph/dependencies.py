@@ -11,8 +11,10 @@ Control flow is analysed per output, not per equation: ``scan`` and ``while``
 bodies are walked with the carry's dependency sets iterated to a fixed point,
 ``cond`` takes the union over its branches (plus the predicate), and call-like
 primitives (``jit``/``pjit``, ``closed_call``, ``custom_jvp_call``,
-``custom_vjp_call``, ``remat``) are entered. This is what makes the answer
-precise through ``numpyro.contrib.control_flow.scan``, where
+``custom_vjp_call``, ``remat``; any body that maps an equation's inputs to
+its outputs one to one, :func:`blrppl.graph.jaxpr.inner_jaxpr`) are entered;
+the equations are walked with :func:`blrppl.graph.jaxpr.walk`. This is what
+makes the answer precise through ``numpyro.contrib.control_flow.scan``, where
 ``numpyro.infer.inspect.get_model_relations`` over-approximates (it joins all
 sites of a scan body).
 
@@ -27,7 +29,8 @@ import dataclasses
 from typing import Any, Callable, Hashable, Sequence
 
 import jax
-from jax.extend import core as jex_core
+
+from blrppl.graph.jaxpr import inner_jaxpr, open_jaxpr, walk
 
 Deps = frozenset  # a set of input indices (ints) and ScanTag values
 
@@ -93,29 +96,19 @@ def output_dependencies(fn: Callable[..., Any], *flat_args: Any) -> Analysis:
     return Analysis(outputs=_walk_closed(closed, in_deps, ctx), scan_init=ctx.scan_init)
 
 
-def _read(env: dict, var: Any) -> Deps:
-    if isinstance(var, jex_core.Literal):
-        return _EMPTY
-    return env.get(var, _EMPTY)
-
-
 def _walk_closed(closed: Any, in_deps: Sequence[Deps], ctx: _Context) -> list[Deps]:
-    jaxpr = closed.jaxpr if isinstance(closed, jex_core.ClosedJaxpr) else closed
+    jaxpr, _ = open_jaxpr(closed)
     return _walk(jaxpr, in_deps, ctx)
 
 
 def _walk(jaxpr: Any, in_deps: Sequence[Deps], ctx: _Context) -> list[Deps]:
-    env: dict = {}
-    for var in jaxpr.constvars:
-        env[var] = _EMPTY
-    for var, deps in zip(jaxpr.invars, in_deps):
-        env[var] = deps
-    for eqn in jaxpr.eqns:
-        ins = [_read(env, v) for v in eqn.invars]
-        outs = _equation(eqn, ins, ctx)
-        for var, deps in zip(eqn.outvars, outs):
-            env[var] = deps
-    return [_read(env, v) for v in jaxpr.outvars]
+    return walk(
+        jaxpr,
+        [_EMPTY] * len(jaxpr.constvars),
+        in_deps,
+        lambda eqn, ins: _equation(eqn, ins, ctx),
+        literal=lambda _: _EMPTY,
+    )
 
 
 def _union(sets: Sequence[Deps]) -> Deps:
@@ -140,7 +133,9 @@ def _equation(eqn: Any, ins: list[Deps], ctx: _Context) -> list[Deps]:
         finally:
             ctx.depth -= 1
         return [_union([b[k] for b in branch_outs]) | index for k in range(n_out)]
-    sub = _call_jaxpr(eqn)
+    # Any body that maps the equation's inputs to its outputs one to one is
+    # entered: the call-like primitives of the table, and others (shard_map).
+    sub = inner_jaxpr(eqn)
     if sub is not None:
         ctx.depth += 1
         try:
@@ -149,21 +144,6 @@ def _equation(eqn: Any, ins: list[Deps], ctx: _Context) -> list[Deps]:
             ctx.depth -= 1
     every = _union(ins)
     return [every] * n_out
-
-
-def _call_jaxpr(eqn: Any) -> Any:
-    """The body of a call-like equation whose inputs and outputs match it one to one."""
-    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-        sub = eqn.params.get(key)
-        if isinstance(sub, jex_core.ClosedJaxpr):
-            inner = sub.jaxpr
-        elif isinstance(sub, jex_core.Jaxpr):
-            inner = sub
-        else:
-            continue
-        if len(inner.invars) == len(eqn.invars) and len(inner.outvars) == len(eqn.outvars):
-            return sub
-    return None
 
 
 def _scan(eqn: Any, ins: list[Deps], ctx: _Context) -> list[Deps]:

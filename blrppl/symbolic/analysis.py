@@ -7,12 +7,12 @@ from typing import Callable, Mapping
 import jax
 import numpy as np
 
-from blrppl.symbolic.expectation import CHAIN_CATEGORICAL, Analysis, VarInfo, resolve
-from blrppl.symbolic.interpret import Interpreter, categorical_variable
-from blrppl.symbolic.terms import Labels, NonConjugate, Poly, Term, variable
-
-# Discrete variables whose values are indices, enumerated on use (``mu[z]``).
-_INDEX_KINDS = ("categorical", CHAIN_CATEGORICAL)
+from blrppl.symbolic.compiled import Analysis
+from blrppl.symbolic.interpret import Interpreter
+from blrppl.symbolic.resolve import resolve
+from blrppl.symbolic.statistics import VarInfo, is_index_kind
+from blrppl.symbolic.terms import Labels, NonConjugate, Poly, Term, constant, variable
+from blrppl.symbolic.values import categorical_variable
 
 
 def analyse(
@@ -32,7 +32,7 @@ def analyse(
         axes q factorises over).
 
     Returns:
-      The :class:`~blrppl.symbolic.expectation.Analysis`;
+      The :class:`~blrppl.symbolic.compiled.Analysis`, a pytree;
       :func:`~blrppl.symbolic.expectation.expected_value` evaluates it from
       mean parameters.
 
@@ -49,7 +49,7 @@ def analyse(
     for name in names:
         info = infos[name]
         shape = tuple(np.shape(example_values[name]))
-        if info.kind in _INDEX_KINDS:
+        if is_index_kind(info.kind):
             categorical[name] = (shape, info.num_categories)
             args.append(categorical_variable(name, shape, space))
         else:
@@ -61,17 +61,12 @@ def analyse(
         if out.ndim == 0:
             out = Poly((), (), (Term(float(out)),))
         else:
-            from blrppl.symbolic.terms import constant
-
             out = constant(out, space)
     if len(out.shape) > 1:
         raise ValueError("log_factor must return a scalar or a vector over observations")
     for name in names:
-        if infos[name].kind in _INDEX_KINDS and any(
+        if is_index_kind(infos[name].kind) and any(
             a.var == name and a.kind == "cat" for t in out.terms for a in t.atoms
         ):
             raise NonConjugate(name, f"the categorical {name!r} is used as a number, not as an index")
-    terms = resolve(out, infos, space)
-    if out.shape:
-        return Analysis(tuple(terms), out.labels[0], out.shape[0])
-    return Analysis(tuple(terms))
+    return resolve(out, infos, space)

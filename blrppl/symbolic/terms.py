@@ -30,6 +30,7 @@ import itertools
 from fractions import Fraction
 from typing import Optional, Sequence
 
+import jax
 import numpy as np
 
 Label = int
@@ -114,10 +115,17 @@ class VarAtom:
 
 @dataclasses.dataclass(frozen=True)
 class Operand:
-    """A constant array with one label per axis."""
+    """A constant array with one label per axis.
+
+    A pytree: ``array`` is its leaf, ``labels`` static (so that an analysis
+    holding operands can be an argument of a jitted function).
+    """
 
     array: np.ndarray
     labels: tuple[Label, ...]
+
+
+jax.tree_util.register_dataclass(Operand, data_fields=["array"], meta_fields=["labels"])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,12 +24,7 @@ from blrppl.estimators.gaussian import (
     precision_is_positive_definite,
 )
 from blrppl.estimators.monte_carlo import monte_carlo
-from blrppl.estimators.quadrature import (
-    gauss_hermite,
-    linear_predictor_quadrature,
-    predictor_moments,
-    predictor_to_block,
-)
+from blrppl.estimators.quadrature import gauss_hermite
 from blrppl.families import mvn
 from blrppl.families.mvn import MVNStats
 from blrppl.families.normal import NormalStats
@@ -66,14 +61,6 @@ def _poisson(y, eta):
 def _run(estimator, mean, log_factor, rng_key=None):
     """``estimator.estimate`` under ``jit`` (as the engine calls it; eager is slow)."""
     return jax.jit(lambda mu: estimator.estimate(rng_key, mu, log_factor))(mean)
-
-
-def _run_glm(estimator, mean, log_likelihood, design, observations, offset=None):
-    return jax.jit(
-        lambda mu: estimator.estimate(
-            None, mu, log_likelihood, design, observations, offset
-        )
-    )(mean)
 
 
 def _assert_tree_close(actual, expected, rtol=1e-10, atol=1e-12):
@@ -385,106 +372,7 @@ def test_monte_carlo_rejects_bad_options():
         monte_carlo(0)
 
 
-# 4. GLM likelihoods through the linear predictor (Khan & Lin 2017).
-
-
-def _glm_problem(dim, num_obs=12, seed=5):
-    rs = np.random.RandomState(seed)
-    design = rs.normal(size=(num_obs, dim)) / np.sqrt(dim)
-    y = rs.binomial(1, 0.5, size=num_obs).astype(float)
-    offset = 0.3 * rs.normal(size=num_obs)
-    mean = _mvn_mean(0.5 * rs.normal(size=dim), _random_cov(rs, dim, 0.4))
-    return design, y, offset, mean
-
-
-def test_linear_predictor_matches_full_block_quadrature():
-    design, y, offset, mean = _glm_problem(2)
-    value, nat_grad, sites = _run_glm(
-        linear_predictor_quadrature(40), mean, _logistic, design, y, offset
-    )
-    ref_value, ref_grad = _run(
-        gauss_hermite(40),
-        mean,
-        lambda beta: jnp.sum(_logistic(y, design @ beta + offset)),
-    )
-    _assert_tree_close((value, nat_grad), (ref_value, ref_grad), rtol=1e-9, atol=1e-11)
-    np.testing.assert_allclose(np.sum(sites.expected), value, rtol=1e-12)
-
-
-def test_linear_predictor_matches_monte_carlo_in_five_dimensions(rng_key):
-    design, y, offset, mean = _glm_problem(5)
-    _, nat_grad, _ = _run_glm(
-        linear_predictor_quadrature(30), mean, _logistic, design, y, offset
-    )
-
-    def log_factor(beta):
-        return jnp.sum(_logistic(y, design @ beta + offset))
-
-    estimator = monte_carlo(50, "reparam", antithetic=True)
-    keys = jax.random.split(rng_key, 200)
-    _, grads = jax.jit(jax.vmap(lambda k: estimator.estimate(k, mean, log_factor)))(
-        keys
-    )
-    for estimates, exact in zip(grads, nat_grad):
-        estimates = np.asarray(estimates)
-        standard_error = np.std(estimates, axis=0) / np.sqrt(len(estimates))
-        assert np.all(
-            np.abs(np.mean(estimates, axis=0) - exact) <= NUM_STD * standard_error
-        )
-
-
-def test_predictor_sites_sum_to_the_block_site_and_match_scalar_quadrature():
-    design, y, offset, mean = _glm_problem(3)
-    _, nat_grad, sites = _run_glm(
-        linear_predictor_quadrature(25), mean, _poisson, design, 2.0 * y, offset
-    )
-    pulled_back = jax.jit(predictor_to_block)(design, sites.natural, offset)
-    _assert_tree_close(pulled_back, nat_grad)
-    # Each (α_n, β_n) is the scalar Gaussian site of q(η_n) = N(η̄_n, s_n²).
-    eta_mean, eta_var = map(
-        np.asarray, jax.jit(predictor_moments)(mean, design, offset)
-    )
-    _, scalar = _run(
-        gauss_hermite(25),
-        _normal_mean(eta_mean, eta_var),
-        lambda eta: _poisson(2.0 * y, eta),
-    )
-    _assert_tree_close(sites.natural, scalar, rtol=1e-8, atol=1e-10)
-    np.testing.assert_allclose(
-        eta_var,
-        np.diag(design @ (mean.xxT - np.outer(mean.x, mean.x)) @ design.T),
-        rtol=1e-12,
-    )
-
-
-def test_linear_predictor_batches_like_vmap():
-    design, y, offset, _ = _glm_problem(2)
-    rs = np.random.RandomState(6)
-    mean = _mvn_mean(
-        rs.normal(size=(3, 2)), np.stack([_random_cov(rs, 2) for _ in range(3)])
-    )
-    estimator = linear_predictor_quadrature(10)
-    batched = _run_glm(estimator, mean, _logistic, design, y, offset)
-    looped = jax.jit(
-        jax.vmap(lambda mu: estimator.estimate(None, mu, _logistic, design, y, offset))
-    )(mean)
-    _assert_tree_close(batched[1:], looped[1:])
-    np.testing.assert_allclose(batched[0], np.sum(looped[0]), rtol=1e-12)
-
-
-def test_linear_predictor_validates_shapes():
-    design, y, offset, mean = _glm_problem(2)
-    estimator = linear_predictor_quadrature(5)
-    with pytest.raises(ValueError, match="design"):
-        estimator.estimate(None, mean, _logistic, design[:, :1], y)
-    with pytest.raises(ValueError, match="design"):
-        estimator.estimate(None, mean, _logistic, design[0], y)
-    with pytest.raises(ValueError, match="observations"):
-        estimator.estimate(None, mean, _logistic, design, y[:5])
-    with pytest.raises(ValueError, match="offset"):
-        estimator.estimate(None, mean, _logistic, design, y, offset[:3])
-    with pytest.raises(TypeError, match="MVNStats"):
-        estimator.estimate(None, _normal_mean(mean.x, np.ones(2)), _logistic, design, y)
+# 4. Argument checks.
 
 
 def test_gauss_hermite_refuses_large_full_blocks():
@@ -668,9 +556,5 @@ def test_float32_inputs_stay_float32(rng_key):
         value, g = _run(estimator, mean, log_factor, rng_key)
         assert value.dtype == jnp.float32
         assert all(leaf.dtype == jnp.float32 for leaf in g)
-    value, g, sites = _run_glm(
-        linear_predictor_quadrature(5), mean, _logistic, design, y
-    )
-    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves((value, g, sites)))
     natural = MVNStats(x=np.linalg.solve(cov, loc), xxT=-0.5 * np.linalg.inv(cov))
     assert all(leaf.dtype == jnp.float32 for leaf in _step(natural, natural, 0.5))
