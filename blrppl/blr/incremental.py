@@ -33,7 +33,8 @@ from blrppl.symbolic.expectation import einsum_letters, read_statistic, take_obs
 class _TermStore:
     factor: str
     var: str
-    term: Any
+    term: Any  # the term as analysed (shapes and labels; its arrays are read from the plan's arrays)
+    index: int  # its position in the factor's analysis
     v_read: Any
     others: tuple
     w_labels: tuple  # labels of W (observation label first)
@@ -62,7 +63,7 @@ class IncrementalStore:
                 if v in local_vars:
                     continue
                 self.entries.setdefault(v, [])
-                for term in analysis.terms:
+                for index, term in enumerate(analysis.terms):
                     v_reads = [r for r in term.reads if r.var == v]
                     if not v_reads:
                         continue
@@ -85,7 +86,7 @@ class IncrementalStore:
                             if lab not in a_labels:
                                 a_labels.append(lab)
                     self.entries[v].append(
-                        _TermStore(est.factor, v, term, v_reads[0], others, tuple(w_labels), tuple(a_labels))
+                        _TermStore(est.factor, v, term, index, v_reads[0], others, tuple(w_labels), tuple(a_labels))
                     )
         self.obs_label = {
             est.factor: est.analysis.obs_label for est in self.estimators if est.factor in plate_factors
@@ -149,18 +150,19 @@ class IncrementalStore:
         spec += "->" + "".join(letters[l] for l in out_labels)
         return jnp.einsum(spec, *arrays)
 
-    def _a_delta(self, entry: _TermStore, w_delta, batch) -> jax.Array:
+    def _a_delta(self, entry: _TermStore, w_delta, batch, plan_arrays) -> jax.Array:
         obs = self.obs_label[entry.factor]
+        term = plan_arrays.factors[entry.factor].terms[entry.index]  # the data, as an argument
         arrays, label_lists = [w_delta], [list(entry.w_labels)]
-        if entry.term.operand is not None:
-            labels = list(entry.term.operand.labels)
-            arrays.append(take_observations(jnp.asarray(entry.term.operand.array), labels, obs, batch))
+        if term.operand is not None:
+            labels = list(term.operand.labels)
+            arrays.append(take_observations(jnp.asarray(term.operand.array), labels, obs, batch))
             label_lists.append(labels)
         out = list(entry.a_labels)
         letters = einsum_letters(label_lists + [out])
         spec = ",".join("".join(letters[l] for l in labs) for labs in label_lists)
         spec += "->" + "".join(letters[l] for l in out)
-        return entry.term.coeff * jnp.einsum(spec, *arrays)
+        return term.coeff * jnp.einsum(spec, *arrays)
 
     def refresh(self, rng_key, mean, params, arrays, v, batch, store, rho):
         """Refresh the minibatch's sites for global variable ``v``; return (λ_v, store)."""
@@ -185,7 +187,7 @@ class IncrementalStore:
             obs = self.obs_label[entry.factor]
             w_old = jnp.take(store[key]["W"], batch, axis=0)
             w_new = (1.0 - rho) * w_old + rho * self._w_batch(entry, mean, batch)
-            delta = self._a_delta(entry, w_new - w_old, batch)
+            delta = self._a_delta(entry, w_new - w_old, batch, arrays)
             a = store[key]["A"]
             if obs in entry.a_labels:
                 axis = entry.a_labels.index(obs)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import types
+import weakref
 import warnings
 from typing import Any, Callable, Mapping, Optional
 
@@ -323,8 +324,7 @@ def plan_signature(plan: Plan) -> tuple:
         (v, q.family.name, q.shape, q.num_batch, q.num_categories, q.joint, _content(q.transform)) for v, q in plan.qs.items()
     )
     factors = tuple(
-        (est.factor, est.neighbours, est.method, _structure(est.arrays), _content(est.analysis) if est.analysis is not None else None)
-        for est in plan.estimators
+        (est.factor, est.neighbours, est.method, _structure(est.arrays)) for est in plan.estimators
     )
     nodes = tuple(
         (n.name, n.kind, n.plates, n.param_neighbours, type(n.distribution).__name__) for n in graph.factors.values()
@@ -351,8 +351,9 @@ def plan_signature(plan: Plan) -> tuple:
 
 
 def _structure(tree: Any) -> tuple:
+    """A tree's structure (compared by value, static index arrays included) and leaf shapes."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    return (str(treedef), tuple((tuple(np.shape(x)), str(np.asarray(x).dtype)) for x in leaves))
+    return (treedef, tuple((tuple(np.shape(x)), str(np.asarray(x).dtype)) for x in leaves))
 
 
 def _content(obj: Any) -> str:
@@ -389,6 +390,8 @@ def _digest(obj: Any, digest: Any, seen: set) -> None:
             _digest(getattr(obj, field.name), digest, seen)
     elif isinstance(obj, (types.FunctionType, types.MethodType, types.BuiltinFunctionType)):
         digest.update(f"{getattr(obj, '__qualname__', '')}:{id(obj)}".encode())
+    elif isinstance(obj, weakref.ref):
+        digest.update(b"<weakref>")  # a cache (numpyro's transforms keep their inverse so)
     elif hasattr(obj, "__dict__"):
         _digest(vars(obj), digest, seen)
     else:

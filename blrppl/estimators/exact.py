@@ -67,14 +67,15 @@ def exact_estimator(
     needed = {p: stats_needed(terms.terms, p) for p in points}
 
     def estimate(rng_key, mean, params, arrays, batch=None):
-        del rng_key, arrays  # Exact: no randomness.
+        del rng_key  # Exact: no randomness.
+        analysis = arrays.factors[factor]
         layout = {v: qs[v].to_value_layout(mean[v]) for v in neighbours}
         point_layout = {p: point_stats(params[p], needed[p]) for p in points}
 
         def expected(layout):
-            return expected_value(terms, {**layout, **point_layout}, batch)
+            return expected_value(analysis, {**layout, **point_layout}, batch)
 
         value, grads = jax.value_and_grad(expected)(layout)
         return value, {v: qs[v].from_value_layout(grads[v]) for v in neighbours}
 
-    return FactorEstimator(factor, neighbours, Method(exact=neighbours), estimate, None, terms)
+    return FactorEstimator(factor, neighbours, Method(exact=neighbours), estimate, terms, terms)

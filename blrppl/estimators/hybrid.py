@@ -84,12 +84,13 @@ def hybrid_estimator(
 
     def estimate(rng_key, mean, params, arrays, batch=None):
         refuse_minibatch(factor, batch)
+        analysis = arrays.factors[factor]
         point_layout = {p: point_stats(params[p], needed[p]) for p in points}
 
         def conditional(layout):
             def log_f(values):
                 held = {u: point_stats(_constrain(qs[u], values[u]), needed[u]) for u in uncertain}
-                return expected_value(terms, {**layout, **point_layout, **held}, None)
+                return expected_value(analysis, {**layout, **point_layout, **held}, None)
 
             return expectation(rng_key, mean, log_f)
 
@@ -97,7 +98,7 @@ def hybrid_estimator(
         (value, uncertain_grads), grads = jax.value_and_grad(conditional, has_aux=True)(layout)
         return value, {**uncertain_grads, **{v: qs[v].from_value_layout(grads[v]) for v in conjugate}}
 
-    return FactorEstimator(factor, tuple(node.neighbours), Method(conjugate, uncertain, method), estimate, None, terms)
+    return FactorEstimator(factor, tuple(node.neighbours), Method(conjugate, uncertain, method), estimate, terms, terms)
 
 
 def _constrain(q: Any, value: Any) -> Any:

@@ -2,8 +2,9 @@
 
 A variable's q is described to the symbolic layer by a :class:`VarInfo`: a
 family *kind* (a string), the value's shape and the axes q factorises over.
-Everything the symbolic layer decides by kind is read from this module, so
-that it can later be answered by the family registry instead:
+Everything the symbolic layer decides by kind is read from this module,
+which asks the family registry (each family declares its kind, statistics
+and whether its values are indices):
 
 - :func:`statistic_name`: which mean parameter (statistic) of a kind an
   elementwise function of the variable reads (``log(tau)`` of a Gamma is its
@@ -25,6 +26,8 @@ from typing import Any, Iterable
 
 import jax.numpy as jnp
 
+from blrppl.families.registry import FAMILIES
+from blrppl.families.registry import statistic_name as family_statistic_name
 from blrppl.symbolic.terms import NonConjugate, VarAtom
 
 GAUSSIAN = "gaussian"
@@ -53,24 +56,12 @@ class VarInfo:
     num_categories: int = 0
 
 
-# (family kind, atom kind, integer power) -> statistic name, for single reads.
-_STATS = {
-    ("gamma", "x", 1): "x",
-    ("gamma", "log", 1): "log_x",
-    ("inverse_gamma", "x", -1): "inv_x",
-    ("inverse_gamma", "log", 1): "log_x",
-    ("beta", "log", 1): "log_x",
-    ("beta", "log1m", 1): "log1m_x",
-    ("dirichlet", "log", 1): "log_x",
-    ("wishart", "x", 1): "x",
-    ("wishart", "logdet", 1): "log_det_x",
-    (CATEGORICAL, "one_hot", 1): "one_hot",
-    (GAUSSIAN, "x", 1): "x",
-}
-
-
 def statistic_name(kind: str, atom_kind: str, power: Any = 1) -> str | None:
     """The statistic of a ``kind`` q that an elementwise function of its value reads.
+
+    Answered by the family registry (each family declares its statistics,
+    :func:`blrppl.families.registry.statistic_name`), plus one rule of the
+    value's support: for a Bernoulli, ``x ** p`` is ``x`` (x in {0, 1}).
 
     Args:
       kind: the q's family kind (:class:`VarInfo`).
@@ -87,12 +78,12 @@ def statistic_name(kind: str, atom_kind: str, power: Any = 1) -> str | None:
     power = Fraction(power)
     if kind == BERNOULLI and atom_kind == "x" and power > 0 and power.denominator == 1:
         return "x"  # x ** p = x for x in {0, 1}.
-    return _STATS.get((kind, atom_kind, int(power) if power.denominator == 1 else None))
+    return family_statistic_name(kind, atom_kind, power)
 
 
 def is_index_kind(kind: str) -> bool:
     """Whether a ``kind`` variable's values are indices, enumerated on use (``mu[z]``)."""
-    return kind in (CATEGORICAL, CHAIN_CATEGORICAL)
+    return any(family.index_valued for family in FAMILIES.values() if family.kind == kind)
 
 
 def point_statistic_name(atom: VarAtom) -> str:
