@@ -31,6 +31,7 @@ from blrppl.estimators.select import Verdicts, choose_estimator, with_verdicts
 from blrppl.families import VariableQ
 from blrppl.graph.blocks import as_blocks
 from blrppl.graph.chains import discrete_loop_chain
+from blrppl.graph.data import DATA_ERRORS
 from blrppl.graph.families import variable_q
 from blrppl.graph.nodes import FactorGraph, Plate
 from blrppl.graph.points import as_point_estimates
@@ -281,15 +282,6 @@ def _local_axes(graph: FactorGraph, qs: Mapping[str, VariableQ], plate: Plate) -
     return local_axes
 
 
-_DATA_ERRORS = (
-    jax.errors.ConcretizationTypeError,
-    jax.errors.TracerArrayConversionError,
-    jax.errors.TracerBoolConversionError,
-    jax.errors.TracerIntegerConversionError,
-    TypeError,
-    ValueError,
-    IndexError,
-)
 
 
 def _data_traceable(graph: FactorGraph, params: Mapping[str, Any]) -> bool:
@@ -312,7 +304,7 @@ def _data_traceable(graph: FactorGraph, params: Mapping[str, Any]) -> bool:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             jax.eval_shape(run, data.arrays)
-    except _DATA_ERRORS:
+    except DATA_ERRORS:
         return False
     return True
 

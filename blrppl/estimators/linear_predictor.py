@@ -49,7 +49,9 @@ class LinearPredictor(NamedTuple):
     Attributes:
       design: A, shape (n, D).
       offset: o, shape (n,).
-      log_likelihood: ``eta (..., n) -> (..., n)``, elementwise in η.
+      log_likelihood: ``(eta (..., n), data) -> (..., n)``, elementwise in η;
+        ``data`` are the arrays ``fn`` was given (None: the ones it was
+        analysed with), so the data can be an argument of compiled code.
     """
 
     design: Array
@@ -154,26 +156,32 @@ def _dominators(flat: _Flat, source: int, outputs: list, dependent: set) -> list
     return found
 
 
-def find_linear_predictor(fn: Callable[[Array], Array], z0: Array, *, rtol: float = 1e-6) -> LinearPredictor | None:
-    """Split ``fn(z) = ℓ(A z + o)`` with ℓ elementwise, or return None.
+def find_linear_predictor(
+    fn: Callable[..., Array], z0: Array, data: Any = (), *, rtol: float = 1e-6
+) -> LinearPredictor | None:
+    """Split ``fn(z, data) = ℓ(A z + o; data)`` with ℓ elementwise, or return None.
 
     Args:
-      fn: ``z -> per-observation log density``, a vector (n,) for z of shape
-        (D,). Its code is traced once (``jax.make_jaxpr``); data are
-        constants.
+      fn: ``(z, data) -> per-observation log density``, a vector (n,) for z of
+        shape (D,). Its code is traced once (``jax.make_jaxpr``) with the data
+        as inputs, so ``log_likelihood`` can take other data of the same shapes.
       z0: a point in z's space (the example value) for the numerical checks.
+      data: a pytree of arrays, ``fn``'s second argument.
       rtol: tolerance of the elementwise and affinity checks.
 
     Returns:
-      A :class:`LinearPredictor`, or None when no such η exists.
+      A :class:`LinearPredictor` (``design`` and ``offset`` computed at
+      ``data``), or None when no such η exists.
     """
     z0 = jnp.asarray(z0)
     if z0.ndim != 1:
         return None
-    closed = jax.make_jaxpr(fn)(z0)
+    data_leaves, data_tree = jax.tree_util.tree_flatten(data)
+    closed = jax.make_jaxpr(lambda z, *leaves: fn(z, jax.tree_util.tree_unflatten(data_tree, leaves)))(z0, *data_leaves)
     flat = _Flat()
     source = flat.new(closed.jaxpr.invars[0].aval)
-    (output,) = flat.add(closed.jaxpr, closed.consts, [source])
+    data_refs = [flat.new(v.aval) for v in closed.jaxpr.invars[1:]]
+    (output,) = flat.add(closed.jaxpr, closed.consts, [source] + data_refs)
     if not isinstance(output, int):
         return None
     num_obs = math.prod(flat.avals[output].shape)
@@ -189,13 +197,17 @@ def find_linear_predictor(fn: Callable[[Array], Array], z0: Array, *, rtol: floa
     position, eta_id = candidates[-1]
     eta_shape = flat.avals[eta_id].shape
 
+    def inputs(z: Array, leaves: Any) -> dict:
+        leaves = data_leaves if leaves is None else jax.tree_util.tree_leaves(leaves)
+        return {source: z, **dict(zip(data_refs, leaves))}
+
     def predictor(z: Array) -> Array:
-        (eta,) = flat.run({source: z}, [eta_id], stop=position)
+        (eta,) = flat.run(inputs(z, None), [eta_id], stop=position)
         return jnp.reshape(eta, (num_obs,))
 
-    def log_likelihood(eta: Array) -> Array:
+    def log_likelihood(eta: Array, data: Any = None) -> Array:
         def one(e: Array) -> Array:
-            (out,) = flat.run({source: z0}, [output], override={eta_id: jnp.reshape(e, eta_shape)})
+            (out,) = flat.run(inputs(z0, data), [output], override={eta_id: jnp.reshape(e, eta_shape)})
             return jnp.reshape(out, (num_obs,))
 
         batch = eta.shape[:-1]
@@ -204,7 +216,7 @@ def find_linear_predictor(fn: Callable[[Array], Array], z0: Array, *, rtol: floa
 
     design = jax.jacfwd(predictor)(z0)
     offset = predictor(jnp.zeros_like(z0))
-    if not _checks_pass(fn, predictor, log_likelihood, design, offset, z0, rtol):
+    if not _checks_pass(lambda z: fn(z, data), predictor, log_likelihood, design, offset, z0, rtol):
         return None
     return LinearPredictor(design, offset, log_likelihood)
 

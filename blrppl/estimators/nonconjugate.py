@@ -44,6 +44,7 @@ from blrppl.estimators.quadrature import (
     predictor_expectations,
 )
 from blrppl.families import MVNStats, NormalStats
+from blrppl.graph.data import DATA_ERRORS
 from blrppl.graph.nodes import FactorGraph
 
 QUADRATURE_POINTS = 10
@@ -230,15 +231,18 @@ def _linear_predictor(graph, factor, qs, examples, transforms, fixed):
     slices = tuple(slice(int(a), int(b)) for a, b in itertools.pairwise(bounds))
     per_element = factor_log_density(graph, factor, transforms, fixed, use_canonical=False, elementwise=True)
 
-    def fn(z):
-        return per_element({v: jnp.reshape(z[sl], qs[v].shape) for v, sl in zip(names, slices)}, {})
+    def fn(z, data):
+        return per_element({v: jnp.reshape(z[sl], qs[v].shape) for v, sl in zip(names, slices)}, {}, data)
 
     z0 = jnp.concatenate([jnp.ravel(jnp.asarray(examples[v], dtype=float)) for v in names])
-    predictor = find_linear_predictor(fn, z0)
-    return None if predictor is None else (predictor, names, slices)
+    try:  # the data as an input of the analysed code, so that compiled fits take them as arguments
+        predictor, closed = find_linear_predictor(fn, z0, graph.data.arrays), False
+    except DATA_ERRORS:  # the model needs concrete data values: analyse it with the data as constants
+        predictor, closed = find_linear_predictor(lambda z, data: fn(z, None), z0), True
+    return None if predictor is None else (predictor, names, slices, closed)
 
 
-def _predictor_estimator(factor: str, qs, predictor: LinearPredictor, names, slices) -> FactorEstimator:
+def _predictor_estimator(factor: str, qs, predictor: LinearPredictor, names, slices, closed: bool) -> FactorEstimator:
     """Gauss-Hermite on each linear predictor η_n (Khan & Lin 2017; Eqs. 10-11).
 
     Under mean-field q over the neighbours, η_n is Gaussian with mean
@@ -250,10 +254,11 @@ def _predictor_estimator(factor: str, qs, predictor: LinearPredictor, names, sli
     nodes, weights = hermite_rule(PREDICTOR_POINTS)
 
     def estimate(rng_key, mean, params, arrays, batch=None):
-        del rng_key, params, arrays
+        del rng_key, params
         refuse_minibatch(factor, batch)
-        design = predictor.design
-        eta_mean, eta_var = predictor.offset, 0.0
+        design, offset = arrays.factors[factor]
+        data = None if closed else arrays.data
+        eta_mean, eta_var = offset, 0.0
         blocks = []
         for v, sl in zip(names, slices):
             a, stats = design[:, sl], mean[v]
@@ -267,7 +272,7 @@ def _predictor_estimator(factor: str, qs, predictor: LinearPredictor, names, sli
             eta_mean = eta_mean + a @ m
             blocks.append((v, a, m, stats))
         expected, d1, d2 = predictor_expectations(
-            lambda eta: predictor.log_likelihood(eta), eta_mean, eta_var, nodes, weights
+            lambda eta: predictor.log_likelihood(eta, data), eta_mean, eta_var, nodes, weights
         )
         grads = {}
         for v, a, m, stats in blocks:
@@ -281,7 +286,8 @@ def _predictor_estimator(factor: str, qs, predictor: LinearPredictor, names, sli
                 grads[v] = NormalStats(x=jnp.reshape(g - diagonal * m, shape), x_sq=jnp.reshape(0.5 * diagonal, shape))
         return jnp.sum(expected), grads
 
-    return FactorEstimator(factor, tuple(names), Method((), tuple(names), "quadrature"), estimate, closed_data=True)
+    method = Method((), tuple(names), "quadrature")
+    return FactorEstimator(factor, tuple(names), method, estimate, (predictor.design, predictor.offset), closed_data=closed)
 
 
 def _auto_method(graph, factor, qs, examples, transforms, fixed, gaussians, others) -> str:

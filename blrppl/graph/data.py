@@ -47,6 +47,18 @@ class ModelData(NamedTuple):
         return (self.treedef, static, shapes)
 
 
+DATA_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerBoolConversionError,
+    jax.errors.TracerIntegerConversionError,
+    TypeError,
+    ValueError,
+    IndexError,
+)
+"""What running a model with abstract data raises when it needs concrete data values."""
+
+
 def _hashable(value: Any) -> Any:
     try:
         hash(value)

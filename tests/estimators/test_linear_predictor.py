@@ -18,20 +18,25 @@ COUNTS = jnp.asarray(RNG.poisson(2.0, 40).astype(float))
 BINARY = jnp.asarray((RNG.random(40) < 0.4).astype(float))
 
 
-def logistic(z):
+def logistic(z, data=()):
     return dist.Bernoulli(logits=X @ z).log_prob(BINARY)
 
 
-def poisson_with_intercept(z):
+def poisson_with_intercept(z, data=()):
     return dist.Poisson(jnp.exp(z[0] + X @ z[1:])).log_prob(COUNTS)
 
 
-def heteroscedastic(z):
+def heteroscedastic(z, data=()):
     return dist.Normal(X @ z, jnp.exp(z[0])).log_prob(COUNTS)
 
 
-def coupled(z):
+def coupled(z, data=()):
     return jnp.full((40,), jnp.sum(X @ z) * 0.01) + X[:, 0] * z[0] ** 2
+
+
+def logistic_of_data(z, data):
+    design, y = data
+    return dist.Bernoulli(logits=design @ z).log_prob(y)
 
 
 def test_the_predictor_and_its_design_are_read_off_the_code():
@@ -42,6 +47,16 @@ def test_the_predictor_and_its_design_are_read_off_the_code():
     np.testing.assert_allclose(found.design, np.column_stack([np.ones(40), X]))
     eta = found.design @ jnp.array([0.1, 0.2, -0.3])
     np.testing.assert_allclose(found.log_likelihood(eta), poisson_with_intercept(jnp.array([0.1, 0.2, -0.3])))
+
+
+def test_the_likelihood_takes_other_data_of_the_same_shapes():
+    found = find_linear_predictor(logistic_of_data, jnp.zeros(2), (X, BINARY))
+    np.testing.assert_allclose(found.design, X)
+    flipped = 1.0 - BINARY
+    eta = X @ jnp.array([0.3, -0.2])
+    np.testing.assert_allclose(
+        jax.jit(found.log_likelihood)(eta, (X, flipped)), logistic_of_data(jnp.array([0.3, -0.2]), (X, flipped))
+    )
 
 
 @pytest.mark.parametrize("fn", [heteroscedastic, coupled])
