@@ -1,0 +1,59 @@
+"""The update rule: Eq. 58 and Eq. 60, and the safe step that never leaves the family."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from blrppl.blr.update import global_update, local_update, safe_global_update
+from blrppl.families import GAMMA, NORMAL, GammaStats, NormalStats
+
+
+def test_global_update_is_the_convex_combination_of_eq_58():
+    lam = NormalStats(jnp.array(0.4), jnp.array(-0.7))
+    msgs = [NormalStats(jnp.array(1.0), jnp.array(-0.2)), NormalStats(jnp.array(-0.5), jnp.array(-0.3))]
+    new = global_update(lam, msgs, 0.25)
+    np.testing.assert_allclose(new.x, 0.75 * 0.4 + 0.25 * 0.5, rtol=1e-14)
+    np.testing.assert_allclose(new.x_sq, 0.75 * -0.7 + 0.25 * -0.5, rtol=1e-14)
+
+
+def test_local_mode_matches_global_mode_for_shared_rho():
+    """Refreshing every site from the same q with the same ρ, Eq. 60 is Eq. 58."""
+    prior = NormalStats(jnp.array(0.0), jnp.array(-0.5))
+    sites = {"p": prior, "a": NormalStats(jnp.array(0.4), jnp.array(-0.2)), "b": NormalStats(jnp.array(-1.0), jnp.array(-0.7))}
+    msgs = {"p": prior, "a": NormalStats(jnp.array(2.6), jnp.array(-1.0)), "b": NormalStats(jnp.array(0.3), jnp.array(-0.1))}
+    natural = jax.tree.map(lambda *xs: sum(xs), *sites.values())
+    expected = global_update(natural, list(msgs.values()), 0.3)
+    actual, _ = local_update(sites, msgs, 0.3)
+    for a, e in zip(actual, expected):
+        np.testing.assert_allclose(a, e, rtol=1e-12)
+
+
+def test_local_mode_keeps_sites_that_are_not_refreshed():
+    sites = {"a": NormalStats(jnp.array(1.0), jnp.array(-0.5)), "b": NormalStats(jnp.array(2.0), jnp.array(-0.25))}
+    natural, new = local_update(sites, {"a": NormalStats(jnp.array(3.0), jnp.array(-1.5))}, 0.5)
+    np.testing.assert_allclose(new["b"].x, 2.0)
+    np.testing.assert_allclose(natural.x, 0.5 * 1.0 + 0.5 * 3.0 + 2.0)
+
+
+def test_safe_step_keeps_a_gaussian_valid_where_the_plain_step_would_not():
+    lam = NormalStats(jnp.array(0.0), jnp.array(-0.5))
+    bad = [NormalStats(jnp.array(1.0), jnp.array(0.5))]  # precision -1: an indefinite target
+    plain = global_update(lam, bad, 0.9)
+    assert not bool(NORMAL.is_valid(plain))
+    safe, rejected = safe_global_update(NORMAL, lam, bad, 0.9)
+    assert bool(NORMAL.is_valid(safe)) and not bool(rejected)
+
+
+def test_safe_step_halves_rho_for_families_without_their_own_safe_step():
+    lam = GammaStats(log_x=jnp.array(1.0), x=jnp.array(-1.0))
+    target = [GammaStats(log_x=jnp.array(-3.0), x=jnp.array(-1.0))]  # shape -2: invalid
+    new, rejected = safe_global_update(GAMMA, lam, target, 1.0)
+    assert bool(GAMMA.is_valid(new)) and not bool(rejected)
+    assert float(new.log_x) > -1.0  # a shorter step towards the target, not a clip
+
+
+def test_safe_step_rejects_a_target_that_is_not_finite():
+    lam = GammaStats(log_x=jnp.array(1.0), x=jnp.array(-1.0))
+    new, rejected = safe_global_update(GAMMA, lam, [GammaStats(jnp.array(jnp.nan), jnp.array(-1.0))], 0.5)
+    assert bool(rejected)
+    np.testing.assert_array_equal(new.log_x, lam.log_x)
