@@ -4,12 +4,12 @@ Oracles (STYLE.md ladder): the dense inverse of the assembled precision for the
 Gaussian chain (dynamax ``joint_posterior_mvn``), K^T enumeration for the
 discrete chain (dynamax ``big_log_joint``), numpyro's own ``log_prob``,
 ``mean_params == grad(log_normalizer)``, sequential ≡ parallel, and Monte Carlo
-within k standard errors estimated from the samples.
+within k standard errors estimated from the samples. Float32 behaviour is
+checked in ``test_float32.py``.
 """
 
 import functools
 import itertools
-import json
 from functools import partial
 
 import jax
@@ -23,11 +23,6 @@ from blrppl.errors import ModelError
 from blrppl.families import chain_categorical as cc
 from blrppl.families import chain_gaussian as cg
 from blrppl.families.base import entropy, family_inner, kl_divergence
-
-try:
-    from tests.float32 import run_in_float32
-except ImportError:  # ``tests`` is not a package: pytest put tests/ on sys.path.
-    from float32 import run_in_float32
 
 METHODS = ["sequential", "parallel"]
 GAUSSIAN_FAMILIES = {
@@ -543,51 +538,3 @@ def test_chain_categorical_batch_jit_and_vmap(rng_key):
     assert out["log_normalizer"].shape == out["entropy"].shape == (2, 3)
     assert out["sample"].shape == (4, 2, 3, 7)
     assert out["numpyro_sample"].shape == (2, 3, 7)
-
-
-# Float32: dtype preservation and stable round trips in a JAX_ENABLE_X64=0 child.
-
-FLOAT32_SCRIPT = r"""
-import json
-import jax
-import jax.numpy as jnp
-from blrppl.families import chain_categorical as cc
-from blrppl.families import chain_gaussian as cg
-
-assert not jax.config.jax_enable_x64
-key = jax.random.key(0)
-k1, k2, k3 = jax.random.split(key, 3)
-natural = cg.from_usual(
-    initial_mean=jnp.array([1.0, -0.5]), initial_covariance=jnp.eye(2),
-    transition_matrices=jnp.broadcast_to(jnp.array([[0.9, 0.1], [-0.2, 0.8]]), (199, 2, 2)),
-    transition_covariances=jnp.broadcast_to(jnp.array([[0.5, 0.1], [0.1, 0.3]]), (199, 2, 2)),
-)
-def rel(a, b):
-    return max(float(jnp.max(jnp.abs(x - y)) / jnp.max(jnp.abs(y)))
-               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-seq = jax.jit(cg.mean_params)(natural)
-par = jax.jit(lambda n: cg.mean_params(n, "parallel"))(natural)
-back = jax.jit(cg.natural_params)(seq)
-pot = cc.ChainCategoricalStats(jax.random.normal(k1, (50, 4)), jax.random.normal(k2, (49, 4, 4)))
-cmean = jax.jit(cc.mean_params)(pot)
-cback = cc.mean_params(cc.natural_params(cmean))
-leaves = jax.tree.leaves((natural, seq, par, back, pot, cmean, cback,
-                          cg.sample(k3, natural, (2,)), cg.log_normalizer(natural),
-                          cc.log_normalizer(pot)))
-print(json.dumps({
-    "dtypes": sorted({str(leaf.dtype) for leaf in leaves}),
-    "parallel": rel(par, seq),
-    "gaussian_round_trip": rel(back, natural),
-    "categorical_round_trip": rel(cback, cmean),
-    "finite": all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in leaves),
-}))
-"""
-
-
-def test_chains_in_float32():
-    out = json.loads(run_in_float32(FLOAT32_SCRIPT).strip().splitlines()[-1])
-    assert out["dtypes"] == ["float32"]
-    assert out["finite"]
-    assert out["parallel"] < 1e-4
-    assert out["gaussian_round_trip"] < 1e-3
-    assert out["categorical_round_trip"] < 1e-4
