@@ -1,4 +1,4 @@
-"""The chain Gaussian's small-block linear algebra equals LAPACK's (unrolled for d <= 4)."""
+"""Small-block linear algebra of the chain Gaussian equals LAPACK (unrolled, d <= 4)."""
 
 import jax.numpy as jnp
 import numpy as np
