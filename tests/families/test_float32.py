@@ -68,7 +68,7 @@ print(json.dumps(out))
 def test_float32_round_trips_keep_dtype_and_accuracy():
     """One child process for every family (starting JAX there costs seconds)."""
     results = json.loads(run_in_float32(SCRIPT).strip().splitlines()[-1])
-    # Chain families have their own float32 test (tests/families/test_chains.py).
+    # Chain families have their own test below (longer chains, other checks).
     assert sorted(results) == sorted(n for n in FAMILIES if "Chain" not in n)
     failures = {
         name: result
@@ -78,6 +78,77 @@ def test_float32_round_trips_keep_dtype_and_accuracy():
         or result["usual_round_trip"] >= 1e-4
     }
     assert not failures
+
+
+CHAIN_SCRIPT = r"""
+import json
+import jax
+import jax.numpy as jnp
+from blrppl.families import chain_categorical as cc
+from blrppl.families import chain_gaussian as cg
+
+assert not jax.config.jax_enable_x64
+
+
+@jax.jit  # One compile: op-by-op dispatch of the passes costs more than compiling them.
+def chains(key):
+    k1, k2, k3 = jax.random.split(key, 3)
+    natural = cg.from_usual(
+        initial_mean=jnp.array([1.0, -0.5]),
+        initial_covariance=jnp.eye(2),
+        transition_matrices=jnp.broadcast_to(
+            jnp.array([[0.9, 0.1], [-0.2, 0.8]]), (199, 2, 2)
+        ),
+        transition_covariances=jnp.broadcast_to(
+            jnp.array([[0.5, 0.1], [0.1, 0.3]]), (199, 2, 2)
+        ),
+    )
+    seq = cg.mean_params(natural)
+    pot = cc.ChainCategoricalStats(
+        jax.random.normal(k1, (50, 4)), jax.random.normal(k2, (49, 4, 4))
+    )
+    cmean = cc.mean_params(pot)
+    return {
+        "natural": natural,
+        "seq": seq,
+        "par": cg.mean_params(natural, "parallel"),
+        "back": cg.natural_params(seq),
+        "sample": cg.sample(k3, natural, (2,)),
+        "log_normalizer": cg.log_normalizer(natural),
+        "pot": pot,
+        "cmean": cmean,
+        "cback": cc.mean_params(cc.natural_params(cmean)),
+        "clog_normalizer": cc.log_normalizer(pot),
+    }
+
+
+def rel(a, b):
+    return max(
+        float(jnp.max(jnp.abs(x - y)) / jnp.max(jnp.abs(y)))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )
+
+
+out = chains(jax.random.key(0))
+leaves = jax.tree.leaves(out)
+print(json.dumps({
+    "dtypes": sorted({str(leaf.dtype) for leaf in leaves}),
+    "parallel": rel(out["par"], out["seq"]),
+    "gaussian_round_trip": rel(out["back"], out["natural"]),
+    "categorical_round_trip": rel(out["cback"], out["cmean"]),
+    "finite": all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in leaves),
+}))
+"""
+
+
+def test_chain_families_in_float32():
+    """Dtype preservation and stable passes and round trips on 200 steps."""
+    out = json.loads(run_in_float32(CHAIN_SCRIPT).strip().splitlines()[-1])
+    assert out["dtypes"] == ["float32"]
+    assert out["finite"]
+    assert out["parallel"] < 1e-4
+    assert out["gaussian_round_trip"] < 1e-3
+    assert out["categorical_round_trip"] < 1e-4
 
 
 def test_run_in_float32_reports_failures():

@@ -1,0 +1,144 @@
+"""The chain Gaussian as :class:`~blrppl.families.base.ExpFamily` values.
+
+    q(x) = h(x) exp(<λ, T(x)> - A(λ)),   h(x) = 1,   μ = ∇A(λ),
+
+with T, A, μ and the conversions of the sibling modules (see the package
+docstring). Four values: :data:`CHAIN_GAUSSIAN` and
+:data:`CHAIN_GAUSSIAN_PARALLEL` over states (..., T, d) with sequential or
+parallel passes, and :data:`SCALAR_CHAIN_GAUSSIAN` and
+:data:`SCALAR_CHAIN_GAUSSIAN_PARALLEL` over scalar states (..., T), the q of a
+``GaussianRandomWalk``, whose statistics drop the trailing unit axes: x (..., T),
+xx (..., T), x_next (..., T-1). The scalar views route every function through
+the d = 1 form, so they share its fast path.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax.numpy as jnp
+from numpyro.distributions import constraints
+
+from blrppl._types import Array, ArrayLike
+from blrppl.families import _util
+from blrppl.families.base import ExpFamily
+from blrppl.families.chain_gaussian.distribution import (
+    ScalarChainGaussianDistribution,
+    to_numpyro,
+)
+from blrppl.families.chain_gaussian.inference import (
+    is_valid,
+    log_normalizer,
+    mean_params,
+    sample,
+)
+from blrppl.families.chain_gaussian.params import (
+    from_numpyro,
+    from_usual,
+    natural_params,
+    to_usual,
+)
+from blrppl.families.chain_gaussian.stats import (
+    ChainGaussianStats,
+    batch_shape,
+    sufficient_stats,
+)
+
+
+def log_base_measure(x: ArrayLike) -> Array:
+    """Return log h(x) = 0, batch shaped."""
+    (x,) = _util.as_floats(x)
+    return jnp.zeros(jnp.shape(x)[:-2], x.dtype)
+
+
+def expected_log_base_measure(natural: ChainGaussianStats) -> Array:
+    """Return E_q[log h(x)] = 0."""
+    return jnp.zeros(batch_shape(natural), natural.x.dtype)
+
+
+def _vector_states(natural: ChainGaussianStats) -> ChainGaussianStats:
+    """The (..., T, 1) form of scalar-state statistics (..., T)."""
+    return ChainGaussianStats(
+        natural.x[..., None],
+        natural.xx[..., None, None],
+        natural.x_next[..., None, None],
+    )
+
+
+def _scalar_states(stats: ChainGaussianStats) -> ChainGaussianStats:
+    """The (..., T) form of d = 1 statistics (..., T, 1)."""
+    return ChainGaussianStats(
+        stats.x[..., 0], stats.xx[..., 0, 0], stats.x_next[..., 0, 0]
+    )
+
+
+def _scalar_family(name: str, method: str) -> ExpFamily:
+    """The chain Gaussian over scalar states, every function via the d = 1 form."""
+
+    def from_usual_scalar(**usual):
+        return _scalar_states(from_usual(**usual))
+
+    return ExpFamily(
+        name=name,
+        stats_type=ChainGaussianStats,
+        event_ndim=1,
+        support=constraints.real_vector,
+        sufficient_stats=lambda x: _scalar_states(
+            sufficient_stats(jnp.asarray(x)[..., None])
+        ),
+        log_base_measure=lambda x: log_base_measure(jnp.asarray(x)[..., None]),
+        expected_log_base_measure=lambda n: expected_log_base_measure(
+            _vector_states(n)
+        ),
+        log_normalizer=lambda n: log_normalizer(_vector_states(n), method),
+        mean_params=lambda n: _scalar_states(mean_params(_vector_states(n), method)),
+        natural_params=lambda m: _scalar_states(natural_params(_vector_states(m))),
+        from_usual=from_usual_scalar,
+        to_usual=lambda n: to_usual(_vector_states(n), method),
+        from_numpyro=lambda d: _scalar_states(from_numpyro(d, state_dim=1)),
+        to_numpyro=lambda n: ScalarChainGaussianDistribution(_vector_states(n), method),
+        sample=lambda key, n, shape=(): sample(key, _vector_states(n), shape, method)[
+            ..., 0
+        ],
+        is_valid=lambda n: is_valid(_vector_states(n)),
+        batch_shape=lambda n: tuple(jnp.shape(n.x)[:-1]),
+    )
+
+
+def _family(name: str, method: str) -> ExpFamily:
+    """The chain Gaussian over states (..., T, d) with ``method`` passes."""
+    return ExpFamily(
+        name=name,
+        stats_type=ChainGaussianStats,
+        event_ndim=2,
+        support=constraints.independent(constraints.real, 2),
+        sufficient_stats=sufficient_stats,
+        log_base_measure=log_base_measure,
+        expected_log_base_measure=expected_log_base_measure,
+        log_normalizer=partial(log_normalizer, method=method),
+        mean_params=partial(mean_params, method=method),
+        natural_params=natural_params,
+        from_usual=from_usual,
+        to_usual=partial(to_usual, method=method),
+        from_numpyro=from_numpyro,
+        to_numpyro=partial(to_numpyro, method=method),
+        sample=partial(sample, method=method),
+        is_valid=is_valid,
+        batch_shape=batch_shape,
+    )
+
+
+CHAIN_GAUSSIAN = _family("ChainGaussian", "sequential")
+"""Gaussian chain (..., T, d), block-tridiagonal precision; ``lax.scan`` passes."""
+
+CHAIN_GAUSSIAN_PARALLEL = _family("ChainGaussianParallel", "parallel")
+"""The same family with parallel-in-time ``lax.associative_scan`` passes."""
+
+SCALAR_CHAIN_GAUSSIAN = _scalar_family("ScalarChainGaussian", "sequential")
+"""Gaussian chain of scalars (..., T), the q of a ``GaussianRandomWalk``; statistics
+x (..., T), xx (..., T), x_next (..., T-1); ``from_usual`` takes the d = 1 arrays."""
+
+SCALAR_CHAIN_GAUSSIAN_PARALLEL = _scalar_family(
+    "ScalarChainGaussianParallel", "parallel"
+)
+"""The scalar chain Gaussian with parallel-in-time passes."""
