@@ -20,7 +20,7 @@ import numpy as np
 from blrppl.graph.replay import replay
 
 
-def _import_arviz():
+def import_arviz():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         import arviz
@@ -94,7 +94,7 @@ def to_arviz(
       ``arviz.InferenceData`` with one chain per restart (restarts that
       diverged left out; 1 without restarts) and ``draw`` = ``num_samples``.
     """
-    az = _import_arviz()
+    az = import_arviz()
     if rng_key is None:
         rng_key = jax.random.key(0)
     graph = result.graph

@@ -138,9 +138,9 @@ def pareto_k(result: Any, rng_key: jax.Array, num_samples: int = 1000) -> Pareto
       >>> diagnostic = result.pareto_k(jax.random.key(1))  # doctest: +SKIP
       >>> diagnostic.k < 0.7  # doctest: +SKIP
     """
-    from blrppl.arviz_io import _import_arviz
+    from blrppl.arviz_io import import_arviz
 
-    az = _import_arviz()
+    az = import_arviz()
     log_ratio = np.asarray(log_importance_ratios(result, rng_key, num_samples), dtype=np.float64)
     log_ratio = np.where(np.isnan(log_ratio), -np.inf, log_ratio)
     finite = log_ratio[np.isfinite(log_ratio)]

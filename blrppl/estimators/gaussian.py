@@ -49,7 +49,7 @@ import numpy as np
 from jax.scipy.linalg import cho_solve, solve_triangular
 
 from blrppl._types import Array, ArrayLike
-from blrppl.families import _util
+from blrppl.families import common
 from blrppl.families import mvn as _mvn
 from blrppl.families import normal as _normal
 from blrppl.families.gaussian_step import (
@@ -100,7 +100,7 @@ def loc_cov(mean: GaussianStats) -> tuple[Array, Array]:
     v = μ₂ - μ₁² elementwise; Σ = μ₂ - μ₁μ₁ᵀ, symmetrised.
     """
     if is_full(mean):
-        return mean.x, _util.symmetrize(mean.xxT - _util.outer(mean.x))
+        return mean.x, common.symmetrize(mean.xxT - common.outer(mean.x))
     return mean.x, mean.x_sq - mean.x**2
 
 
@@ -145,7 +145,7 @@ def natural_gradient(
     """
     loc = mean.x
     if is_full(mean):
-        hessian = _util.symmetrize(jnp.asarray(expected_hessian))
+        hessian = common.symmetrize(jnp.asarray(expected_hessian))
         return MVNStats(
             x=expected_grad - jnp.einsum("...ij,...j->...i", hessian, loc),  # Eq. 10
             xxT=0.5 * hessian,  # Eq. 11
@@ -240,7 +240,7 @@ def block_hessian(
         eye = jnp.eye(d, dtype=x.dtype).reshape((d,) + (1,) * (x.ndim - 1) + (d,))
         basis = jnp.broadcast_to(eye, (d,) + x.shape)  # basis[j] = e_j in every block
         columns = jax.vmap(hvp)(basis)  # (d, ..., d): column j of every block
-        return _util.symmetrize(jnp.moveaxis(columns, 0, -1))
+        return common.symmetrize(jnp.moveaxis(columns, 0, -1))
     n = x.size
     flat_hessian = jax.hessian(lambda flat: log_factor(flat.reshape(x.shape)))(
         x.reshape(n)

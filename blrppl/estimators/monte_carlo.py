@@ -46,7 +46,7 @@ from blrppl.estimators.gaussian import (
     natural_gradient,
     scale_noise,
 )
-from blrppl.families import _util
+from blrppl.families import common
 
 HESSIAN_OPTIONS = ("reparam", "hvp", "first_order")
 
@@ -128,7 +128,7 @@ def monte_carlo(
                 xs, probes
             )
             hessians = [
-                _util.symmetrize(_outer(h, z)) if is_full(b) else z * h
+                common.symmetrize(_outer(h, z)) if is_full(b) else z * h
                 for b, h, z in zip(blocks, hvps, probes)
             ]
         else:
@@ -151,7 +151,7 @@ def _first_order(block: GaussianStats, scale: Array, eps: Array, grads: Array) -
         return eps / scale * grads
     chol_t = jnp.broadcast_to(jnp.swapaxes(scale, -1, -2), eps.shape + eps.shape[-1:])
     white = solve_triangular(chol_t, eps[..., None], lower=False)[..., 0]
-    return _util.symmetrize(_outer(white, grads))
+    return common.symmetrize(_outer(white, grads))
 
 
 def _outer(a: Array, b: Array) -> Array:

@@ -14,7 +14,7 @@ import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
-from blrppl.families import _util
+from blrppl.families import common
 from blrppl.families.base import ExpFamily
 from blrppl.families.layout import elementwise_layout
 
@@ -27,13 +27,13 @@ class BernoulliStats(NamedTuple):
 
 def sufficient_stats(x: ArrayLike) -> BernoulliStats:
     """Return T(x) = x as a float."""
-    (x,) = _util.as_floats(x)
+    (x,) = common.as_floats(x)
     return BernoulliStats(x=x)
 
 
 def log_base_measure(x: ArrayLike) -> Array:
     """Return log h(x) = 0."""
-    (x,) = _util.as_floats(x)
+    (x,) = common.as_floats(x)
     return jnp.zeros_like(x)
 
 
@@ -69,9 +69,9 @@ def from_usual(
     if (probs is None) == (logits is None):
         raise ValueError("give exactly one of probs or logits.")
     if probs is not None:
-        (probs,) = _util.as_floats(probs)
+        (probs,) = common.as_floats(probs)
         return natural_params(BernoulliStats(x=probs))
-    (logits,) = _util.as_floats(logits)
+    (logits,) = common.as_floats(logits)
     return BernoulliStats(x=logits)
 
 
@@ -82,11 +82,11 @@ def to_usual(natural: BernoulliStats) -> dict[str, Array]:
 
 def from_numpyro(d: dist.Distribution) -> BernoulliStats:
     """Return λ of a numpyro ``Bernoulli`` (probs or logits)."""
-    base = _util.unwrap(d)
+    base = common.unwrap(d)
     if not isinstance(base, (dist.BernoulliProbs, dist.BernoulliLogits)):
-        raise _util.not_in_family(d, "Bernoulli")
+        raise common.not_in_family(d, "Bernoulli")
     nat = from_usual(logits=base.logits)
-    return BernoulliStats(x=jnp.broadcast_to(nat.x, _util.target_batch_shape(d, 0)))
+    return BernoulliStats(x=jnp.broadcast_to(nat.x, common.target_batch_shape(d, 0)))
 
 
 def to_numpyro(natural: BernoulliStats) -> dist.BernoulliLogits:

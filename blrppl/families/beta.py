@@ -20,7 +20,7 @@ from jax.scipy.special import digamma, gammaln
 from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
-from blrppl.families import _util
+from blrppl.families import common
 from blrppl.families.base import ExpFamily
 from blrppl.families.layout import elementwise_layout
 from blrppl.families.dirichlet import solve_dirichlet
@@ -39,13 +39,13 @@ def _concentrations(natural: BetaStats) -> tuple[Array, Array]:
 
 def sufficient_stats(x: ArrayLike) -> BetaStats:
     """Return T(x) = (log x, log(1 - x))."""
-    (x,) = _util.as_floats(x)
+    (x,) = common.as_floats(x)
     return BetaStats(log_x=jnp.log(x), log1m_x=jnp.log1p(-x))
 
 
 def log_base_measure(x: ArrayLike) -> Array:
     """Return log h(x) = 0."""
-    (x,) = _util.as_floats(x)
+    (x,) = common.as_floats(x)
     return jnp.zeros_like(x)
 
 
@@ -80,7 +80,7 @@ def from_usual(concentration1: ArrayLike, concentration0: ArrayLike) -> BetaStat
         >>> [float(v) for v in from_usual(2.0, 3.0)]
         [1.0, 2.0]
     """
-    a, b = jnp.broadcast_arrays(*_util.as_floats(concentration1, concentration0))
+    a, b = jnp.broadcast_arrays(*common.as_floats(concentration1, concentration0))
     return BetaStats(log_x=a - 1.0, log1m_x=b - 1.0)
 
 
@@ -92,11 +92,11 @@ def to_usual(natural: BetaStats) -> dict[str, Array]:
 
 def from_numpyro(d: dist.Distribution) -> BetaStats:
     """Return λ of a numpyro ``Beta``."""
-    base = _util.unwrap(d)
+    base = common.unwrap(d)
     if not isinstance(base, dist.Beta):
-        raise _util.not_in_family(d, "Beta")
+        raise common.not_in_family(d, "Beta")
     nat = from_usual(base.concentration1, base.concentration0)
-    shape = _util.target_batch_shape(d, 0)
+    shape = common.target_batch_shape(d, 0)
     return jax.tree.map(lambda v: jnp.broadcast_to(v, shape), nat)
 
 

@@ -26,7 +26,7 @@ import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
-from blrppl.families import _util
+from blrppl.families import common
 from blrppl.families.base import ExpFamily
 from blrppl.families.layout import elementwise_layout
 
@@ -94,9 +94,9 @@ def from_usual(
     if (probs is None) == (logits is None):
         raise ValueError("give exactly one of probs or logits.")
     if probs is not None:
-        (probs,) = _util.as_floats(probs)
+        (probs,) = common.as_floats(probs)
         return CategoricalStats(one_hot=jnp.log(probs / probs.sum(-1, keepdims=True)))
-    (logits,) = _util.as_floats(logits)
+    (logits,) = common.as_floats(logits)
     return CategoricalStats(one_hot=jax.nn.log_softmax(logits, axis=-1))
 
 
@@ -107,11 +107,11 @@ def to_usual(natural: CategoricalStats) -> dict[str, Array]:
 
 def from_numpyro(d: dist.Distribution) -> CategoricalStats:
     """Return λ of a numpyro ``Categorical`` (probs or logits)."""
-    base = _util.unwrap(d)
+    base = common.unwrap(d)
     if not isinstance(base, (dist.CategoricalProbs, dist.CategoricalLogits)):
-        raise _util.not_in_family(d, "Categorical")
+        raise common.not_in_family(d, "Categorical")
     nat = from_usual(logits=base.logits)
-    shape = _util.target_batch_shape(d, 0) + nat.one_hot.shape[-1:]
+    shape = common.target_batch_shape(d, 0) + nat.one_hot.shape[-1:]
     return CategoricalStats(one_hot=jnp.broadcast_to(nat.one_hot, shape))
 
 

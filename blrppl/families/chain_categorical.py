@@ -37,8 +37,9 @@ from jax.scipy.special import logsumexp
 from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
-from blrppl.families import _util
+from blrppl.families import common
 from blrppl.families.base import ExpFamily
+from blrppl.families.layout import Layout, elementwise_layout
 from blrppl.families.chain_gaussian import vmap_over_batch
 
 
@@ -213,7 +214,7 @@ def from_usual(
             raise ValueError(
                 "give either the Markov form or the potential form, not both."
             )
-        unary, pair = _util.as_floats(unary_logits, pair_logits)
+        unary, pair = common.as_floats(unary_logits, pair_logits)
         batch = jnp.broadcast_shapes(unary.shape[:-2], pair.shape[:-3])
         t, k = unary.shape[-2:]
         return ChainCategoricalStats(
@@ -229,7 +230,7 @@ def from_usual(
             raise ValueError(
                 "give either the Markov form or the potential form, not both."
             )
-        init, trans = _util.as_floats(initial_probs, transition_probs)
+        init, trans = common.as_floats(initial_probs, transition_probs)
         if num_steps is not None:
             trans = jnp.broadcast_to(
                 trans[..., None, :, :],
@@ -272,9 +273,9 @@ def from_numpyro(d: dist.Distribution) -> ChainCategoricalStats:
     Raises:
         ModelError: for any other distribution.
     """
-    base = _util.unwrap(d)
+    base = common.unwrap(d)
     if not isinstance(base, ChainCategoricalDistribution):
-        raise _util.not_in_family(d, "ChainCategorical")
+        raise common.not_in_family(d, "ChainCategorical")
     full = tuple(d.batch_shape) + tuple(d.event_shape)
     batch = full[:-1]
     return ChainCategoricalStats(
@@ -393,6 +394,22 @@ def to_numpyro(natural: ChainCategoricalStats) -> ChainCategoricalDistribution:
     return ChainCategoricalDistribution(natural)
 
 
+def _to_value_layout(q, mean: ChainCategoricalStats) -> dict:
+    return dict(mean._asdict())
+
+
+def _example(q) -> ChainCategoricalStats:
+    length, k = q.shape[0], q.num_categories
+    return ChainCategoricalStats(one_hot=jnp.zeros((length, k)), pair=jnp.zeros((length - 1, k, k)))
+
+
+def start_at(natural: ChainCategoricalStats, value: ArrayLike) -> ChainCategoricalStats:
+    """Marginals 0.9 on the states ``value`` (0.1 spread over all K), no pair potentials."""
+    num = natural.one_hot.shape[-1]
+    probs = 0.9 * jax.nn.one_hot(jnp.asarray(value).astype(jnp.int32), num) + 0.1 / num
+    return natural._replace(one_hot=jnp.log(probs), pair=jnp.zeros_like(natural.pair))
+
+
 CHAIN_CATEGORICAL = ExpFamily(
     name="ChainCategorical",
     stats_type=ChainCategoricalStats,
@@ -411,5 +428,11 @@ CHAIN_CATEGORICAL = ExpFamily(
     sample=sample,
     is_valid=is_valid,
     batch_shape=_batch_shape,
+    kind="chain_categorical",
+    layout=Layout(_to_value_layout, elementwise_layout().from_value, _example),
+    start_at=start_at,
+    random_restart=False,
+    index_valued=True,
+    chain=True,
 )
 """Discrete chain z_1..z_T in {0..K-1} with unary and pairwise log potentials (an HMM posterior)."""

@@ -23,7 +23,7 @@ from jax.scipy.special import digamma, gammaln, polygamma
 from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
-from blrppl.families import _util
+from blrppl.families import common
 from blrppl.families.base import ExpFamily
 from blrppl.families.layout import elementwise_layout
 
@@ -95,13 +95,13 @@ def _dirichlet_step(_, carry):
 
 def sufficient_stats(x: ArrayLike) -> DirichletStats:
     """Return T(x) = log x."""
-    (x,) = _util.as_floats(x)
+    (x,) = common.as_floats(x)
     return DirichletStats(log_x=jnp.log(x))
 
 
 def log_base_measure(x: ArrayLike) -> Array:
     """Return log h(x) = 0, batch shaped."""
-    (x,) = _util.as_floats(x)
+    (x,) = common.as_floats(x)
     return jnp.zeros(jnp.shape(x)[:-1], x.dtype)
 
 
@@ -135,7 +135,7 @@ def from_usual(concentration: ArrayLike) -> DirichletStats:
         >>> from_usual(jnp.array([1.0, 2.0])).log_x.tolist()
         [0.0, 1.0]
     """
-    (alpha,) = _util.as_floats(concentration)
+    (alpha,) = common.as_floats(concentration)
     return DirichletStats(log_x=alpha - 1.0)
 
 
@@ -146,9 +146,9 @@ def to_usual(natural: DirichletStats) -> dict[str, Array]:
 
 def from_numpyro(d: dist.Distribution) -> DirichletStats:
     """Return λ of a numpyro ``Dirichlet``."""
-    base = _util.unwrap(d)
+    base = common.unwrap(d)
     if not isinstance(base, dist.Dirichlet):
-        raise _util.not_in_family(d, "Dirichlet")
+        raise common.not_in_family(d, "Dirichlet")
     shape = tuple(d.batch_shape) + tuple(d.event_shape)
     return DirichletStats(
         log_x=jnp.broadcast_to(from_usual(base.concentration).log_x, shape)

@@ -24,7 +24,7 @@ from jax.scipy.special import digamma, gammaln, polygamma
 from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
-from blrppl.families import _util
+from blrppl.families import common
 from blrppl.families.base import ExpFamily
 from blrppl.families.layout import elementwise_layout
 
@@ -75,13 +75,13 @@ def _shape_rate(natural: GammaStats) -> tuple[Array, Array]:
 
 def sufficient_stats(x: ArrayLike) -> GammaStats:
     """Return T(x) = (log x, x)."""
-    (x,) = _util.as_floats(x)
+    (x,) = common.as_floats(x)
     return GammaStats(log_x=jnp.log(x), x=x)
 
 
 def log_base_measure(x: ArrayLike) -> Array:
     """Return log h(x) = 0."""
-    (x,) = _util.as_floats(x)
+    (x,) = common.as_floats(x)
     return jnp.zeros_like(x)
 
 
@@ -115,7 +115,7 @@ def from_usual(concentration: ArrayLike, rate: ArrayLike) -> GammaStats:
         >>> [float(v) for v in from_usual(2.0, 3.0)]
         [1.0, -3.0]
     """
-    a, b = jnp.broadcast_arrays(*_util.as_floats(concentration, rate))
+    a, b = jnp.broadcast_arrays(*common.as_floats(concentration, rate))
     return GammaStats(log_x=a - 1.0, x=-b)
 
 
@@ -127,14 +127,14 @@ def to_usual(natural: GammaStats) -> dict[str, Array]:
 
 def from_numpyro(d: dist.Distribution) -> GammaStats:
     """Return λ of a numpyro ``Gamma`` (``Chi2`` included) or ``Exponential``."""
-    base = _util.unwrap(d)
+    base = common.unwrap(d)
     if isinstance(base, dist.Gamma):
         nat = from_usual(base.concentration, base.rate)
     elif isinstance(base, dist.Exponential):
         nat = from_usual(1.0, base.rate)
     else:
-        raise _util.not_in_family(d, "Gamma")
-    shape = _util.target_batch_shape(d, 0)
+        raise common.not_in_family(d, "Gamma")
+    shape = common.target_batch_shape(d, 0)
     return jax.tree.map(lambda v: jnp.broadcast_to(v, shape), nat)
 
 

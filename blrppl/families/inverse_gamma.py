@@ -23,7 +23,7 @@ from jax.scipy.special import digamma, gammaln
 from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
-from blrppl.families import _util
+from blrppl.families import common
 from blrppl.families.base import ExpFamily
 from blrppl.families.layout import elementwise_layout
 from blrppl.families.gamma import solve_log_minus_digamma
@@ -42,13 +42,13 @@ def _shape_scale(natural: InverseGammaStats) -> tuple[Array, Array]:
 
 def sufficient_stats(x: ArrayLike) -> InverseGammaStats:
     """Return T(x) = (log x, 1/x)."""
-    (x,) = _util.as_floats(x)
+    (x,) = common.as_floats(x)
     return InverseGammaStats(log_x=jnp.log(x), inv_x=1.0 / x)
 
 
 def log_base_measure(x: ArrayLike) -> Array:
     """Return log h(x) = 0."""
-    (x,) = _util.as_floats(x)
+    (x,) = common.as_floats(x)
     return jnp.zeros_like(x)
 
 
@@ -82,7 +82,7 @@ def from_usual(concentration: ArrayLike, rate: ArrayLike) -> InverseGammaStats:
         >>> [float(v) for v in from_usual(2.0, 3.0)]
         [-3.0, -3.0]
     """
-    a, b = jnp.broadcast_arrays(*_util.as_floats(concentration, rate))
+    a, b = jnp.broadcast_arrays(*common.as_floats(concentration, rate))
     return InverseGammaStats(log_x=-a - 1.0, inv_x=-b)
 
 
@@ -94,11 +94,11 @@ def to_usual(natural: InverseGammaStats) -> dict[str, Array]:
 
 def from_numpyro(d: dist.Distribution) -> InverseGammaStats:
     """Return λ of a numpyro ``InverseGamma``."""
-    base = _util.unwrap(d)
+    base = common.unwrap(d)
     if not isinstance(base, dist.InverseGamma):
-        raise _util.not_in_family(d, "InverseGamma")
+        raise common.not_in_family(d, "InverseGamma")
     nat = from_usual(base.concentration, base.rate)
-    shape = _util.target_batch_shape(d, 0)
+    shape = common.target_batch_shape(d, 0)
     return jax.tree.map(lambda v: jnp.broadcast_to(v, shape), nat)
 
 

@@ -21,7 +21,7 @@ from jax.scipy.linalg import cho_solve, solve_triangular
 from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
-from blrppl.families import _util
+from blrppl.families import common
 from blrppl.families.base import ExpFamily
 from blrppl.families.layout import Layout
 
@@ -49,20 +49,20 @@ def _precision_chol(natural: MVNStats) -> tuple[Array, Array]:
 
 def _loc_cov(natural: MVNStats) -> tuple[Array, Array]:
     chol, eta = _precision_chol(natural)
-    cov = _util.cholesky_inverse(chol)
+    cov = common.cholesky_inverse(chol)
     loc = jnp.einsum("...ij,...j->...i", cov, eta)
     return loc, cov
 
 
 def sufficient_stats(x: ArrayLike) -> MVNStats:
     """Return T(x) = (x, x xᵀ)."""
-    (x,) = _util.as_floats(x)
-    return MVNStats(x=x, xxT=_util.outer(x))
+    (x,) = common.as_floats(x)
+    return MVNStats(x=x, xxT=common.outer(x))
 
 
 def log_base_measure(x: ArrayLike) -> Array:
     """Return log h(x) = 0, shaped like the batch of ``x``."""
-    (x,) = _util.as_floats(x)
+    (x,) = common.as_floats(x)
     return jnp.zeros(jnp.shape(x)[:-1], x.dtype)
 
 
@@ -78,7 +78,7 @@ def log_normalizer(natural: MVNStats) -> Array:
     d = eta.shape[-1]
     return (
         0.5 * jnp.sum(whitened**2, axis=-1)
-        - 0.5 * _util.cholesky_log_det(chol)
+        - 0.5 * common.cholesky_log_det(chol)
         + 0.5 * d * math.log(2 * math.pi)
     )
 
@@ -86,18 +86,18 @@ def log_normalizer(natural: MVNStats) -> Array:
 def mean_params(natural: MVNStats) -> MVNStats:
     """Return μ = ∇A(λ) = (m, Σ + m mᵀ), Σ = Λ⁻¹, m = Σλ₁."""
     loc, cov = _loc_cov(natural)
-    return MVNStats(x=loc, xxT=cov + _util.outer(loc))
+    return MVNStats(x=loc, xxT=cov + common.outer(loc))
 
 
 def natural_params(mean: MVNStats) -> MVNStats:
     """Return λ = (Λm, -Λ/2) with m = μ₁, Σ = μ₂ - μ₁μ₁ᵀ (symmetrised), Λ = Σ⁻¹."""
-    cov = _util.symmetrize(mean.xxT - _util.outer(mean.x))
-    precision = _util.cholesky_inverse(jnp.linalg.cholesky(cov))
+    cov = common.symmetrize(mean.xxT - common.outer(mean.x))
+    precision = common.cholesky_inverse(jnp.linalg.cholesky(cov))
     return _from_loc_precision(mean.x, precision)
 
 
 def _from_loc_precision(loc: Array, precision: Array) -> MVNStats:
-    precision = _util.symmetrize(precision)
+    precision = common.symmetrize(precision)
     loc = jnp.broadcast_to(loc, precision.shape[:-1])
     return MVNStats(
         x=jnp.einsum("...ij,...j->...i", precision, loc), xxT=-0.5 * precision
@@ -129,14 +129,14 @@ def from_usual(
     matrix = next(
         m for m in (covariance_matrix, precision_matrix, scale_tril) if m is not None
     )
-    loc, matrix = _util.as_floats(loc, matrix)
+    loc, matrix = common.as_floats(loc, matrix)
     if precision_matrix is not None:
         precision = matrix
     elif scale_tril is not None:
-        precision = _util.cholesky_inverse(jnp.tril(matrix))
+        precision = common.cholesky_inverse(jnp.tril(matrix))
     else:
-        precision = _util.cholesky_inverse(
-            jnp.linalg.cholesky(_util.symmetrize(matrix))
+        precision = common.cholesky_inverse(
+            jnp.linalg.cholesky(common.symmetrize(matrix))
         )
     batch = jnp.broadcast_shapes(loc.shape[:-1], precision.shape[:-2])
     d = precision.shape[-1]
@@ -156,12 +156,12 @@ def from_numpyro(d: dist.Distribution) -> MVNStats:
     A ``Normal`` (usually ``Normal(...).to_event(1)``) is read as a Gaussian over
     its last dimension with diagonal precision.
     """
-    base = _util.unwrap(d)
-    batch = _util.target_batch_shape(d, 1)
+    base = common.unwrap(d)
+    batch = common.target_batch_shape(d, 1)
     if isinstance(base, dist.MultivariateNormal):
         nat = from_usual(base.loc, scale_tril=base.scale_tril)
     elif isinstance(base, dist.Normal):
-        loc, scale = _util.as_floats(base.loc, base.scale)
+        loc, scale = common.as_floats(base.loc, base.scale)
         shape = tuple(d.batch_shape) + tuple(d.event_shape)
         precision = jnp.broadcast_to(scale**-2, shape)
         eye = jnp.eye(shape[-1], dtype=precision.dtype)
@@ -169,7 +169,7 @@ def from_numpyro(d: dist.Distribution) -> MVNStats:
             jnp.broadcast_to(loc, shape), precision[..., None] * eye
         )
     else:
-        raise _util.not_in_family(d, "MultivariateNormal")
+        raise common.not_in_family(d, "MultivariateNormal")
     dim = nat.x.shape[-1]
     return MVNStats(
         x=jnp.broadcast_to(nat.x, batch + (dim,)),
@@ -186,7 +186,7 @@ def to_numpyro(natural: MVNStats) -> dist.MultivariateNormal:
 def sample(rng_key: PRNGKey, natural: MVNStats, sample_shape: tuple = ()) -> Array:
     """Draw x = m + L⁻ᵀ ε with Λ = L Lᵀ, shape ``sample_shape + batch + (d,)``."""
     chol, eta = _precision_chol(natural)
-    loc = jnp.einsum("...ij,...j->...i", _util.cholesky_inverse(chol), eta)
+    loc = jnp.einsum("...ij,...j->...i", common.cholesky_inverse(chol), eta)
     shape = tuple(sample_shape) + loc.shape
     eps = jax.random.normal(rng_key, shape, dtype=loc.dtype)
     chol_t = jnp.broadcast_to(jnp.swapaxes(chol, -1, -2), shape + shape[-1:])
@@ -196,7 +196,7 @@ def sample(rng_key: PRNGKey, natural: MVNStats, sample_shape: tuple = ()) -> Arr
 def is_valid(natural: MVNStats) -> Array:
     """Return Λ = -(λ₂ + λ₂ᵀ) positive definite and λ₁ finite, batch shaped."""
     finite = jnp.all(jnp.isfinite(natural.x), axis=-1)
-    return finite & _util.is_positive_definite(_precision(natural))
+    return finite & common.is_positive_definite(_precision(natural))
 
 
 def improved_step(natural: MVNStats, target: MVNStats, rho: ArrayLike) -> MVNStats:
@@ -213,11 +213,11 @@ def improved_step(natural: MVNStats, target: MVNStats, rho: ArrayLike) -> MVNSta
     rho = jnp.asarray(rho, dtype=jnp.result_type(natural.x))
     s_old, s_target = _precision(natural), _precision(target)
     gap = s_target - s_old
-    chol = jnp.linalg.cholesky(_util.symmetrize(s_old))
+    chol = jnp.linalg.cholesky(common.symmetrize(s_old))
     loc = cho_solve((chol, True), natural.x[..., None])[..., 0]
     whitened = solve_triangular(chol, gap, lower=True)  # L⁻¹ G
     correction = jnp.swapaxes(whitened, -1, -2) @ whitened  # G S⁻¹ G
-    s_new = _util.symmetrize((1.0 - rho) * s_old + rho * s_target + 0.5 * rho**2 * correction)
+    s_new = common.symmetrize((1.0 - rho) * s_old + rho * s_target + 0.5 * rho**2 * correction)
     newton = target.x - jnp.einsum("...ij,...j->...i", s_target, loc)
     eta = jnp.einsum("...ij,...j->...i", s_new, loc) + rho * newton
     return MVNStats(x=eta, xxT=-0.5 * s_new)
@@ -246,7 +246,7 @@ def _to_value_layout(q, mean: MVNStats) -> dict:
 def _from_value_layout(q, grads: dict) -> MVNStats:
     d = math.prod(q.block_shape)
     xxT = jnp.reshape(grads["xx"], q.batch_shape + (d, d))
-    return MVNStats(x=jnp.reshape(grads["x"], q.batch_shape + (d,)), xxT=_util.symmetrize(xxT))
+    return MVNStats(x=jnp.reshape(grads["x"], q.batch_shape + (d,)), xxT=common.symmetrize(xxT))
 
 
 def _example(q) -> MVNStats:

@@ -19,7 +19,7 @@ import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
-from blrppl.families import _util
+from blrppl.families import common
 from blrppl.families.base import ExpFamily
 from blrppl.families.layout import Layout
 
@@ -38,13 +38,13 @@ def _loc_var(natural: NormalStats) -> tuple[Array, Array]:
 
 def sufficient_stats(x: ArrayLike) -> NormalStats:
     """Return T(x) = (x, x²)."""
-    (x,) = _util.as_floats(x)
+    (x,) = common.as_floats(x)
     return NormalStats(x=x, x_sq=x**2)
 
 
 def log_base_measure(x: ArrayLike) -> Array:
     """Return log h(x) = 0 (A absorbs the constant)."""
-    (x,) = _util.as_floats(x)
+    (x,) = common.as_floats(x)
     return jnp.zeros_like(x)
 
 
@@ -79,7 +79,7 @@ def from_usual(loc: ArrayLike, scale: ArrayLike) -> NormalStats:
         >>> [float(v) for v in from_usual(1.0, 2.0)]
         [0.25, -0.125]
     """
-    loc, scale = _util.as_floats(loc, scale)
+    loc, scale = common.as_floats(loc, scale)
     loc, scale = jnp.broadcast_arrays(loc, scale)
     var = scale**2
     return NormalStats(x=loc / var, x_sq=-0.5 / var)
@@ -92,9 +92,9 @@ def to_usual(natural: NormalStats) -> dict[str, Array]:
 
 
 def _normal_params(d: dist.Distribution, family: str) -> tuple[Array, Array]:
-    base = _util.unwrap(d)
+    base = common.unwrap(d)
     if not isinstance(base, dist.Normal):
-        raise _util.not_in_family(d, family)
+        raise common.not_in_family(d, family)
     return base.loc, base.scale
 
 
@@ -104,7 +104,7 @@ def from_numpyro(d: dist.Distribution) -> NormalStats:
     The result has the shape of one draw, ``batch_shape + event_shape``.
     """
     loc, scale = _normal_params(d, "Normal")
-    shape = _util.target_batch_shape(d, 0)
+    shape = common.target_batch_shape(d, 0)
     return jax.tree.map(lambda a: jnp.broadcast_to(a, shape), from_usual(loc, scale))
 
 
@@ -131,14 +131,14 @@ def is_valid(natural: NormalStats) -> Array:
 
 
 def _diagonal_log_base_measure(x: ArrayLike) -> Array:
-    (x,) = _util.as_floats(x)
+    (x,) = common.as_floats(x)
     return jnp.zeros(jnp.shape(x)[:-1], x.dtype)
 
 
 def _diagonal_from_numpyro(d: dist.Distribution) -> NormalStats:
     """Return λ of a numpyro ``Normal`` with at least one value dimension."""
     loc, scale = _normal_params(d, "DiagonalNormal")
-    _util.target_batch_shape(d, 1)  # Raises for scalar-valued distributions.
+    common.target_batch_shape(d, 1)  # Raises for scalar-valued distributions.
     shape = tuple(d.batch_shape) + tuple(d.event_shape)
     return jax.tree.map(lambda a: jnp.broadcast_to(a, shape), from_usual(loc, scale))
 

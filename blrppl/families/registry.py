@@ -29,110 +29,29 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any, Optional
 
-import jax
-import jax.numpy as jnp
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
 from blrppl._types import ArrayTree
 from blrppl.errors import ModelError
-from blrppl.families import _util
+from blrppl.families import common
 from blrppl.families.base import ExpFamily
 from blrppl.families.bernoulli import BERNOULLI
 from blrppl.families.beta import BETA
 from blrppl.families.categorical import CATEGORICAL
-from blrppl.families.chain_categorical import CHAIN_CATEGORICAL as _CHAIN_CATEGORICAL
-from blrppl.families.chain_categorical import ChainCategoricalStats
+from blrppl.families.chain_categorical import CHAIN_CATEGORICAL
 from blrppl.families.chain_gaussian import (
-    CHAIN_GAUSSIAN as _CHAIN_GAUSSIAN,
-    CHAIN_GAUSSIAN_PARALLEL as _CHAIN_GAUSSIAN_PARALLEL,
-    SCALAR_CHAIN_GAUSSIAN as _SCALAR_CHAIN_GAUSSIAN,
-    SCALAR_CHAIN_GAUSSIAN_PARALLEL as _SCALAR_CHAIN_GAUSSIAN_PARALLEL,
+    CHAIN_GAUSSIAN,
+    CHAIN_GAUSSIAN_PARALLEL,
+    SCALAR_CHAIN_GAUSSIAN,
+    SCALAR_CHAIN_GAUSSIAN_PARALLEL,
 )
 from blrppl.families.dirichlet import DIRICHLET
 from blrppl.families.gamma import GAMMA
 from blrppl.families.inverse_gamma import INVERSE_GAMMA
-from blrppl.families.layout import Layout, elementwise_layout, symmetrize
-from blrppl.families.mvn import MULTIVARIATE_NORMAL, MVNStats
-from blrppl.families.normal import DIAGONAL_NORMAL, NORMAL, NormalStats
+from blrppl.families.mvn import MULTIVARIATE_NORMAL
+from blrppl.families.normal import DIAGONAL_NORMAL, NORMAL
 from blrppl.families.wishart import WISHART
-
-
-# -- chain layouts (kept here until the chain modules carry their own records) --
-
-
-def _chain_to_value(q: Any, mean: Any) -> dict:
-    return dict(mean._asdict())
-
-
-def _chain_from_value(q: Any, grads: dict) -> Any:
-    xx = grads["xx"] if jnp.ndim(grads["xx"]) == 1 else symmetrize(grads["xx"])
-    return q.family.stats_type(x=grads["x"], xx=xx, x_next=grads["x_next"])
-
-
-def _chain_example(q: Any) -> Any:
-    length, state = q.shape[0], q.shape[1:]
-    if not state:
-        return q.family.stats_type(x=jnp.zeros((length,)), xx=jnp.full((length,), -0.5), x_next=jnp.zeros((length - 1,)))
-    d = state[0]
-    return q.family.stats_type(
-        x=jnp.zeros((length, d)),
-        xx=-0.5 * jnp.broadcast_to(jnp.eye(d), (length, d, d)),
-        x_next=jnp.zeros((length - 1, d, d)),
-    )
-
-
-def _chain_marginals(q: Any, mean: Any) -> Any:
-    """A chain Gaussian's per-time marginals as independent Gaussian blocks."""
-    if jnp.ndim(mean.xx) == jnp.ndim(mean.x):
-        return NormalStats(x=mean.x, x_sq=mean.xx)
-    return MVNStats(x=mean.x, xxT=mean.xx)
-
-
-def _chain_from_marginals(q: Any, mean: Any, grad: Any) -> Any:
-    """Per-time site parameters back in the chain's layout (no lag-one part)."""
-    xx = grad.x_sq if isinstance(grad, NormalStats) else grad.xxT
-    return type(mean)(x=grad.x, xx=xx, x_next=jnp.zeros_like(mean.x_next))
-
-
-_CHAIN_LAYOUT = Layout(_chain_to_value, _chain_from_value, _chain_example, _chain_marginals, _chain_from_marginals)
-
-
-def _chain_gaussian(family: ExpFamily, prior_types: tuple = ()) -> ExpFamily:
-    return family._replace(
-        kind="chain_gaussian",
-        layout=_CHAIN_LAYOUT,
-        reparameterised=True,
-        gaussian=True,
-        prior_types=prior_types,
-        random_restart=False,
-        chain=True,
-    )
-
-
-def _chain_categorical_example(q: Any) -> ChainCategoricalStats:
-    length, k = q.shape[0], q.num_categories
-    return ChainCategoricalStats(one_hot=jnp.zeros((length, k)), pair=jnp.zeros((length - 1, k, k)))
-
-
-def _chain_categorical_start(natural: ChainCategoricalStats, value: Any) -> ChainCategoricalStats:
-    num = natural.one_hot.shape[-1]
-    probs = 0.9 * jax.nn.one_hot(jnp.asarray(value).astype(jnp.int32), num) + 0.1 / num
-    return natural._replace(one_hot=jnp.log(probs), pair=jnp.zeros_like(natural.pair))
-
-
-CHAIN_GAUSSIAN = _chain_gaussian(_CHAIN_GAUSSIAN, (dist.GaussianRandomWalk, dist.GaussianStateSpace))
-CHAIN_GAUSSIAN_PARALLEL = _chain_gaussian(_CHAIN_GAUSSIAN_PARALLEL)
-SCALAR_CHAIN_GAUSSIAN = _chain_gaussian(_SCALAR_CHAIN_GAUSSIAN)
-SCALAR_CHAIN_GAUSSIAN_PARALLEL = _chain_gaussian(_SCALAR_CHAIN_GAUSSIAN_PARALLEL)
-CHAIN_CATEGORICAL = _CHAIN_CATEGORICAL._replace(
-    kind="chain_categorical",
-    layout=Layout(_chain_to_value, elementwise_layout().from_value, _chain_categorical_example),
-    start_at=_chain_categorical_start,
-    random_restart=False,
-    index_valued=True,
-    chain=True,
-)
 
 FAMILIES: dict[str, ExpFamily] = {
     family.name: family
@@ -206,7 +125,7 @@ def default_family_name(d: dist.Distribution) -> Optional[str]:
         >>> default_family_name(dist.HalfCauchy(1.0)) is None
         True
     """
-    base = _util.unwrap(d)
+    base = common.unwrap(d)
     if isinstance(base, dist.Normal):
         return "MultivariateNormal" if d.event_shape else "Normal"
     for family in FAMILIES.values():
@@ -222,7 +141,7 @@ def family_for_distribution(d: dist.Distribution) -> Optional[str]:
     name = default_family_name(d)
     if name is None or get_family(name).chain:
         return None
-    if name == "Categorical" and not isinstance(_util.unwrap(d), CATEGORICAL.prior_types):
+    if name == "Categorical" and not isinstance(common.unwrap(d), CATEGORICAL.prior_types):
         return None
     return name
 

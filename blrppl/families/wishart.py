@@ -39,7 +39,7 @@ from jax.scipy.special import digamma, multigammaln, polygamma
 from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
-from blrppl.families import _util
+from blrppl.families import common
 from blrppl.families.base import ExpFamily
 from blrppl.families.layout import elementwise_layout
 
@@ -110,14 +110,14 @@ def _newton_step(d, _, carry):
 
 def sufficient_stats(x: ArrayLike) -> WishartStats:
     """Return T(X) = (X, log|X|)."""
-    (x,) = _util.as_floats(x)
-    log_det = _util.cholesky_log_det(jnp.linalg.cholesky(_util.symmetrize(x)))
+    (x,) = common.as_floats(x)
+    log_det = common.cholesky_log_det(jnp.linalg.cholesky(common.symmetrize(x)))
     return WishartStats(x=x, log_det_x=log_det)
 
 
 def log_base_measure(x: ArrayLike) -> Array:
     """Return log h(X) = 0, batch shaped."""
-    (x,) = _util.as_floats(x)
+    (x,) = common.as_floats(x)
     return jnp.zeros(jnp.shape(x)[:-2], x.dtype)
 
 
@@ -130,7 +130,7 @@ def log_normalizer(natural: WishartStats) -> Array:
     """Return A(λ) = (n/2)(d log 2 - log|R|) + log Γ_d(n/2)."""
     d = natural.x.shape[-1]
     n, rate = _df_rate(natural)
-    log_det_rate = _util.cholesky_log_det(jnp.linalg.cholesky(rate))
+    log_det_rate = common.cholesky_log_det(jnp.linalg.cholesky(rate))
     return 0.5 * n * (d * math.log(2.0) - log_det_rate) + multigammaln(0.5 * n, d)
 
 
@@ -139,9 +139,9 @@ def mean_params(natural: WishartStats) -> WishartStats:
     d = natural.x.shape[-1]
     n, rate = _df_rate(natural)
     chol = jnp.linalg.cholesky(rate)
-    scale = _util.cholesky_inverse(chol)
+    scale = common.cholesky_inverse(chol)
     log_det = (
-        _multidigamma(0.5 * n, d) + d * math.log(2.0) - _util.cholesky_log_det(chol)
+        _multidigamma(0.5 * n, d) + d * math.log(2.0) - common.cholesky_log_det(chol)
     )
     return WishartStats(x=n[..., None, None] * scale, log_det_x=log_det)
 
@@ -149,9 +149,9 @@ def mean_params(natural: WishartStats) -> WishartStats:
 def natural_params(mean: WishartStats) -> WishartStats:
     """Return λ from μ: n by Newton (``solve_degrees_of_freedom``), then V = μ₁ / n."""
     d = mean.x.shape[-1]
-    chol = jnp.linalg.cholesky(_util.symmetrize(mean.x))
-    n = solve_degrees_of_freedom(mean.log_det_x - _util.cholesky_log_det(chol), d)
-    rate = n[..., None, None] * _util.cholesky_inverse(chol)
+    chol = jnp.linalg.cholesky(common.symmetrize(mean.x))
+    n = solve_degrees_of_freedom(mean.log_det_x - common.cholesky_log_det(chol), d)
+    rate = n[..., None, None] * common.cholesky_inverse(chol)
     return WishartStats(x=-0.5 * rate, log_det_x=0.5 * (n - d - 1.0))
 
 
@@ -175,13 +175,13 @@ def from_usual(
     if sum(given) != 1:
         raise ValueError("give exactly one of scale_matrix, rate_matrix or scale_tril.")
     matrix = next(m for m in (scale_matrix, rate_matrix, scale_tril) if m is not None)
-    n, matrix = _util.as_floats(concentration, matrix)
+    n, matrix = common.as_floats(concentration, matrix)
     if rate_matrix is not None:
-        rate = _util.symmetrize(matrix)
+        rate = common.symmetrize(matrix)
     elif scale_tril is not None:
-        rate = _util.cholesky_inverse(jnp.tril(matrix))
+        rate = common.cholesky_inverse(jnp.tril(matrix))
     else:
-        rate = _util.cholesky_inverse(jnp.linalg.cholesky(_util.symmetrize(matrix)))
+        rate = common.cholesky_inverse(jnp.linalg.cholesky(common.symmetrize(matrix)))
     d = rate.shape[-1]
     batch = jnp.broadcast_shapes(n.shape, rate.shape[:-2])
     return WishartStats(
@@ -195,17 +195,17 @@ def to_usual(natural: WishartStats) -> dict[str, Array]:
     n, rate = _df_rate(natural)
     return {
         "concentration": n,
-        "scale_matrix": _util.cholesky_inverse(jnp.linalg.cholesky(rate)),
+        "scale_matrix": common.cholesky_inverse(jnp.linalg.cholesky(rate)),
     }
 
 
 def from_numpyro(d: dist.Distribution) -> WishartStats:
     """Return λ of a numpyro ``Wishart``."""
-    base = _util.unwrap(d)
+    base = common.unwrap(d)
     if not isinstance(base, dist.Wishart):
-        raise _util.not_in_family(d, "Wishart")
+        raise common.not_in_family(d, "Wishart")
     nat = from_usual(base.concentration, scale_tril=base.scale_tril)
-    batch = _util.target_batch_shape(d, 2)
+    batch = common.target_batch_shape(d, 2)
     dim = nat.x.shape[-1]
     return WishartStats(
         x=jnp.broadcast_to(nat.x, batch + (dim, dim)),
@@ -256,7 +256,7 @@ def is_valid(natural: WishartStats) -> Array:
     n, rate = _df_rate(natural)
     d = natural.x.shape[-1]
     ok_df = jnp.isfinite(n) & (n > d - 1.0)
-    return ok_df & _util.is_positive_definite(rate)
+    return ok_df & common.is_positive_definite(rate)
 
 
 def start_at(natural: WishartStats, value: ArrayLike) -> WishartStats:

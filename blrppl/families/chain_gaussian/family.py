@@ -17,11 +17,15 @@ from __future__ import annotations
 from functools import partial
 
 import jax.numpy as jnp
+import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike
-from blrppl.families import _util
+from blrppl.families import common
 from blrppl.families.base import ExpFamily
+from blrppl.families.layout import Layout, symmetrize
+from blrppl.families.mvn import MVNStats
+from blrppl.families.normal import NormalStats
 from blrppl.families.chain_gaussian.distribution import (
     ScalarChainGaussianDistribution,
     to_numpyro,
@@ -47,7 +51,7 @@ from blrppl.families.chain_gaussian.stats import (
 
 def log_base_measure(x: ArrayLike) -> Array:
     """Return log h(x) = 0, batch shaped."""
-    (x,) = _util.as_floats(x)
+    (x,) = common.as_floats(x)
     return jnp.zeros(jnp.shape(x)[:-2], x.dtype)
 
 
@@ -102,10 +106,59 @@ def _scalar_family(name: str, method: str) -> ExpFamily:
         ],
         is_valid=lambda n: is_valid(_vector_states(n)),
         batch_shape=lambda n: tuple(jnp.shape(n.x)[:-1]),
+        **RECORD,
     )
 
 
-def _family(name: str, method: str) -> ExpFamily:
+def _to_value_layout(q, mean: ChainGaussianStats) -> dict:
+    return dict(mean._asdict())
+
+
+def _from_value_layout(q, grads: dict) -> ChainGaussianStats:
+    xx = grads["xx"] if jnp.ndim(grads["xx"]) == 1 else symmetrize(grads["xx"])
+    return q.family.stats_type(x=grads["x"], xx=xx, x_next=grads["x_next"])
+
+
+def _example(q) -> ChainGaussianStats:
+    length, state = q.shape[0], q.shape[1:]
+    if not state:
+        return q.family.stats_type(x=jnp.zeros((length,)), xx=jnp.full((length,), -0.5), x_next=jnp.zeros((length - 1,)))
+    d = state[0]
+    return q.family.stats_type(
+        x=jnp.zeros((length, d)),
+        xx=-0.5 * jnp.broadcast_to(jnp.eye(d), (length, d, d)),
+        x_next=jnp.zeros((length - 1, d, d)),
+    )
+
+
+def _marginals(q, mean: ChainGaussianStats):
+    """The chain's per-time marginals as independent Gaussian blocks."""
+    if jnp.ndim(mean.xx) == jnp.ndim(mean.x):
+        return NormalStats(x=mean.x, x_sq=mean.xx)
+    return MVNStats(x=mean.x, xxT=mean.xx)
+
+
+def _from_marginals(q, mean: ChainGaussianStats, grad) -> ChainGaussianStats:
+    """Per-time site parameters back in the chain's layout (no lag-one part)."""
+    xx = grad.x_sq if isinstance(grad, NormalStats) else grad.xxT
+    return type(mean)(x=grad.x, xx=xx, x_next=jnp.zeros_like(mean.x_next))
+
+
+LAYOUT = Layout(_to_value_layout, _from_value_layout, _example, _marginals, _from_marginals)
+"""Value layout = family layout (x, xx, x_next over time); per-time Gaussian marginals."""
+
+#: What the rest of blrppl reads off a chain Gaussian (ExpFamily's record fields).
+RECORD = dict(
+    kind="chain_gaussian",
+    layout=LAYOUT,
+    reparameterised=True,
+    gaussian=True,
+    random_restart=False,
+    chain=True,
+)
+
+
+def _family(name: str, method: str, prior_types: tuple = ()) -> ExpFamily:
     """The chain Gaussian over states (..., T, d) with ``method`` passes."""
     return ExpFamily(
         name=name,
@@ -125,10 +178,12 @@ def _family(name: str, method: str) -> ExpFamily:
         sample=partial(sample, method=method),
         is_valid=is_valid,
         batch_shape=batch_shape,
+        prior_types=prior_types,
+        **RECORD,
     )
 
 
-CHAIN_GAUSSIAN = _family("ChainGaussian", "sequential")
+CHAIN_GAUSSIAN = _family("ChainGaussian", "sequential", (dist.GaussianRandomWalk, dist.GaussianStateSpace))
 """Gaussian chain (..., T, d), block-tridiagonal precision; ``lax.scan`` passes."""
 
 CHAIN_GAUSSIAN_PARALLEL = _family("ChainGaussianParallel", "parallel")

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from blrppl._types import Array, PRNGKey
-from blrppl.families import _util
+from blrppl.families import common
 from blrppl.families.chain_gaussian import parallel, scalar, sequential
 from blrppl.families.chain_gaussian.linalg import (
     cholesky,
@@ -63,7 +63,7 @@ def backward_chain(
     num_steps, d = h.shape
     log_norm = (
         0.5 * jnp.sum(h_tilde * offsets)
-        - 0.5 * jnp.sum(_util.cholesky_log_det(chol))
+        - 0.5 * jnp.sum(common.cholesky_log_det(chol))
         + 0.5 * num_steps * d * math.log(2 * math.pi)
     )
     return chol, gains, offsets, log_norm
@@ -141,7 +141,7 @@ def mean_params(
     means, covs, cross = moments(natural, method)
     return ChainGaussianStats(
         x=means,
-        xx=covs + _util.outer(means),
+        xx=covs + common.outer(means),
         x_next=cross + means[..., :-1, :, None] * means[..., 1:, None, :],
     )
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.scipy.linalg import cho_solve, solve_triangular
 
 from blrppl._types import Array
-from blrppl.families import _util
+from blrppl.families import common
 
 SMALL_BLOCK = 4
 """Largest block size d factored by unrolled arithmetic rather than LAPACK."""
@@ -122,6 +122,6 @@ def is_positive_definite(matrix: Array) -> Array:
     Batch shaped: true where the Cholesky factor of (M + Mᵀ) / 2 is finite with
     a positive diagonal.
     """
-    chol = cholesky(_util.symmetrize(matrix))
+    chol = cholesky(common.symmetrize(matrix))
     finite = jnp.all(jnp.isfinite(chol), axis=(-2, -1))
     return finite & jnp.all(jnp.diagonal(chol, axis1=-2, axis2=-1) > 0, axis=-1)

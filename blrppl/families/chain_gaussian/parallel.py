@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from blrppl._types import Array
-from blrppl.families import _util
+from blrppl.families import common
 from blrppl.families.chain_gaussian.linalg import (
     cholesky,
     cholesky_solve,
@@ -62,16 +62,16 @@ def combine_potentials(first: Potential, second: Potential) -> Potential:
     (the role of the filtering-element combination of Särkkä & García-Fernández
     2021, here in information form).
     """
-    chol = cholesky(_util.symmetrize(first.C + second.A))
+    chol = cholesky(common.symmetrize(first.C + second.A))
     r = first.c + second.a
     rhs = jnp.concatenate([matrix_transpose(first.B), second.B, r[..., None]], axis=-1)
     sol = cholesky_solve(chol, rhs)
     d = first.A.shape[-1]
     s_b1, s_b2, s_r = sol[..., :d], sol[..., d : 2 * d], sol[..., 2 * d]
     return Potential(
-        A=_util.symmetrize(first.A - first.B @ s_b1),
+        A=common.symmetrize(first.A - first.B @ s_b1),
         B=-first.B @ s_b2,
-        C=_util.symmetrize(second.C - matrix_transpose(second.B) @ s_b2),
+        C=common.symmetrize(second.C - matrix_transpose(second.B) @ s_b2),
         a=first.a - matvec(first.B, s_r),
         c=second.c - matvec(matrix_transpose(second.B), s_r),
     )
@@ -113,7 +113,7 @@ def compose_affine(
     return (
         g_e @ g_l,
         matvec(g_e, b_l) + b_e,
-        _util.symmetrize(g_e @ q_l @ matrix_transpose(g_e) + q_e),
+        common.symmetrize(g_e @ q_l @ matrix_transpose(g_e) + q_e),
     )
 
 

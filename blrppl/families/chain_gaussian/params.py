@@ -24,7 +24,7 @@ import numpy as np
 import numpyro.distributions as dist
 
 from blrppl._types import Array, ArrayLike
-from blrppl.families import _util
+from blrppl.families import common
 from blrppl.families.chain_gaussian.distribution import ChainGaussianDistribution
 from blrppl.families.chain_gaussian.inference import moments
 from blrppl.families.chain_gaussian.linalg import (
@@ -50,7 +50,7 @@ def _markov_from_moments(means: Array, covs: Array, cross: Array) -> dict[str, A
         "initial_covariance": covs[..., 0, :, :],
         "transition_matrices": trans,
         "transition_offsets": means[..., 1:, :] - matvec(trans, means[..., :-1, :]),
-        "transition_covariances": _util.symmetrize(covs[..., 1:, :, :] - trans @ cross),
+        "transition_covariances": common.symmetrize(covs[..., 1:, :, :] - trans @ cross),
     }
 
 
@@ -79,7 +79,7 @@ def _from_markov(
     h = h - jnp.concatenate(
         [matvec(matrix_transpose(transition_matrices), lin_in), zeros_lin], axis=-2
     )
-    return ChainGaussianStats(x=h, xx=-0.5 * _util.symmetrize(j_diag), x_next=f_t_q)
+    return ChainGaussianStats(x=h, xx=-0.5 * common.symmetrize(j_diag), x_next=f_t_q)
 
 
 def natural_params(mean: ChainGaussianStats) -> ChainGaussianStats:
@@ -91,7 +91,7 @@ def natural_params(mean: ChainGaussianStats) -> ChainGaussianStats:
     h_t = Q_{t-1}⁻¹u_{t-1} - F_tᵀQ_t⁻¹u_t (+ Σ_1⁻¹m_1 at t = 1).
     """
     means = mean.x
-    covs = _util.symmetrize(mean.xx - _util.outer(means))
+    covs = common.symmetrize(mean.xx - common.outer(means))
     cross = mean.x_next - means[..., :-1, :, None] * means[..., 1:, None, :]
     return _from_markov(**_markov_from_moments(means, covs, cross))
 
@@ -138,18 +138,18 @@ def from_usual(
     if all(a is not None for a in precision) and all(a is None for a in markov):
         if transition_offsets is not None:
             raise ValueError("transition_offsets belongs to the state-space form.")
-        j_diag, j_off, h = _util.as_floats(*precision)
+        j_diag, j_off, h = common.as_floats(*precision)
         batch = jnp.broadcast_shapes(h.shape[:-2], j_diag.shape[:-3], j_off.shape[:-3])
         t, d = h.shape[-2:]
         return ChainGaussianStats(
             x=jnp.broadcast_to(h, batch + (t, d)),
-            xx=jnp.broadcast_to(-0.5 * _util.symmetrize(j_diag), batch + (t, d, d)),
+            xx=jnp.broadcast_to(-0.5 * common.symmetrize(j_diag), batch + (t, d, d)),
             x_next=jnp.broadcast_to(-j_off, batch + (t - 1, d, d)),
         )
     if all(a is not None for a in markov) and all(a is None for a in precision):
         if transition_offsets is None:
             transition_offsets = jnp.zeros(jnp.shape(transition_matrices)[:-1])
-        m0, p0, trans, offs, noise = _util.as_floats(
+        m0, p0, trans, offs, noise = common.as_floats(
             *markov[:3], transition_offsets, markov[3]
         )
         batch = jnp.broadcast_shapes(
@@ -218,14 +218,14 @@ def from_numpyro(d: dist.Distribution, state_dim: int = 1) -> ChainGaussianStats
     Raises:
         ModelError: for other distributions, or a visibly non-banded precision.
     """
-    base = _util.unwrap(d)
+    base = common.unwrap(d)
     if isinstance(base, ChainGaussianDistribution):
         nat = base.natural
     elif isinstance(base, dist.GaussianRandomWalk):
-        (scale,) = _util.as_floats(base.scale)
+        (scale,) = common.as_floats(base.scale)
         nat = _grw_natural(jnp.broadcast_to(scale, base.batch_shape), base.num_steps)
     elif isinstance(base, dist.GaussianStateSpace):
-        trans, chol, z0 = _util.as_floats(
+        trans, chol, z0 = common.as_floats(
             base.transition_matrix, base.scale_tril, base.initial_value
         )
         noise = chol @ matrix_transpose(chol)
@@ -244,7 +244,7 @@ def from_numpyro(d: dist.Distribution, state_dim: int = 1) -> ChainGaussianStats
     elif isinstance(base, dist.MultivariateNormal):
         nat = _from_dense_mvn(base, state_dim)
     else:
-        raise _util.not_in_family(d, "ChainGaussian")
+        raise common.not_in_family(d, "ChainGaussian")
     # The family's batch is the value's shape less (T, d); GRW and MVN values are flat.
     flat = isinstance(base, (dist.GaussianRandomWalk, dist.MultivariateNormal))
     full = tuple(d.batch_shape) + tuple(d.event_shape)
@@ -261,10 +261,10 @@ def _from_dense_mvn(
     base: dist.MultivariateNormal, state_dim: int
 ) -> ChainGaussianStats:
     """λ from the bands of a dense precision; ModelError if it is visibly not banded."""
-    loc, prec = _util.as_floats(base.loc, base.precision_matrix)
+    loc, prec = common.as_floats(base.loc, base.precision_matrix)
     n = prec.shape[-1]
     if n % state_dim:
-        raise _util.not_in_family(
+        raise common.not_in_family(
             base, "ChainGaussian", f"size {n} is not T x {state_dim}"
         )
     steps, d = n // state_dim, state_dim
@@ -277,7 +277,7 @@ def _from_dense_mvn(
         if np.any(np.asarray(blocks)[..., mask, :, :] != 0):
             scale = float(np.max(np.abs(np.asarray(prec))))
             if np.max(np.abs(np.asarray(blocks)[..., mask, :, :])) > 1e-10 * scale:
-                raise _util.not_in_family(
+                raise common.not_in_family(
                     base, "ChainGaussian", "precision not block tridiagonal"
                 )
     j_diag = blocks[..., idx, idx, :, :]

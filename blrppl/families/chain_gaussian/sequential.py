@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from blrppl._types import Array
-from blrppl.families import _util
+from blrppl.families import common
 from blrppl.families.chain_gaussian.linalg import (
     cholesky,
     cholesky_solve,
@@ -52,7 +52,7 @@ def forward_pass(h: Array, j_diag: Array, j_off: Array) -> tuple[Array, Array]:
         j_next, h_next, j_cross = inputs
         chol = cholesky(p_prev)
         gain = cholesky_solve(chol, j_cross)  # P_t⁻¹ J_{t,t+1}
-        p_new = _util.symmetrize(j_next - matrix_transpose(j_cross) @ gain)
+        p_new = common.symmetrize(j_next - matrix_transpose(j_cross) @ gain)
         h_new = h_next - matrix_transpose(gain) @ h_prev
         return (p_new, h_new), (p_new, h_new)
 
@@ -77,7 +77,7 @@ def smooth(gains: Array, offsets: Array, cond_cov: Array) -> tuple[Array, Array]
         mean_next, cov_next = carry
         gain, offset, q = inputs
         mean = matvec(gain, mean_next) + offset
-        cov = _util.symmetrize(gain @ cov_next @ matrix_transpose(gain) + q)
+        cov = common.symmetrize(gain @ cov_next @ matrix_transpose(gain) + q)
         return (mean, cov), (mean, cov)
 
     last = (offsets[-1], cond_cov[-1])

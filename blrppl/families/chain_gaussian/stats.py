@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from blrppl._types import Array, ArrayLike, ArrayTree
-from blrppl.families import _util
+from blrppl.families import common
 from blrppl.families.chain_gaussian.linalg import matrix_transpose
 
 METHODS = ("sequential", "parallel")
@@ -97,7 +97,7 @@ def precision_blocks(natural: ChainGaussianStats) -> tuple[Array, Array, Array]:
 
 def sufficient_stats(x: ArrayLike) -> ChainGaussianStats:
     """Return T(x) = (x_t, x_t x_tᵀ, x_t x_{t+1}ᵀ) for x of shape (..., T, d)."""
-    (x,) = _util.as_floats(x)
+    (x,) = common.as_floats(x)
     return ChainGaussianStats(
-        x=x, xx=_util.outer(x), x_next=x[..., :-1, :, None] * x[..., 1:, None, :]
+        x=x, xx=common.outer(x), x_next=x[..., :-1, :, None] * x[..., 1:, None, :]
     )

@@ -1,4 +1,4 @@
-"""Private helpers shared by the family modules: dtypes, numpyro unwrapping, errors."""
+"""Helpers shared by the family modules: dtypes, numpyro unwrapping, small linear algebra, errors."""
 
 from __future__ import annotations
 
