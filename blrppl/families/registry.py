@@ -84,9 +84,9 @@ SCALAR_STATE = {
     "ChainGaussianParallel": "ScalarChainGaussianParallel",
 }
 
-#: Family names users may pass in ``families={site: name}``.
-USER_NAMES = (*GAUSSIAN_NAMES, "Gamma", "InverseGamma", "Beta", "Dirichlet", "Wishart",
-              "Categorical", "Bernoulli", "ChainGaussian", "ChainGaussianParallel", "ChainCategorical")
+#: Family names users may pass in ``families={site: name}`` (the scalar-state
+#: chains are chosen from the state's shape, not by name).
+USER_NAMES = tuple(name for name in FAMILIES if name not in SCALAR_STATE.values())
 
 
 def get_family(name: str) -> ExpFamily:
