@@ -59,7 +59,7 @@ def em(y):
     start = time.perf_counter()
     jax.block_until_ready(run(algorithm, jax.random.key(0), 2000, plan.arrays, tol=TOL, progress_bar=False))
     first = time.perf_counter() - start
-    fit, (state, elbo) = best_of(lambda: run(algorithm, jax.random.key(0), 2000, plan.arrays, tol=TOL, progress_bar=False))
+    fit, (state, elbo, _) = best_of(lambda: run(algorithm, jax.random.key(0), 2000, plan.arrays, tol=TOL, progress_bar=False))
     params = (float(state.params["obs_var"]), float(state.params["level_var"]))
     return analysis, first, fit, len(elbo), float(elbo[-1]), params
 

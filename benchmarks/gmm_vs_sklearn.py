@@ -76,7 +76,7 @@ def fit_blrppl(train):
     analysis = time.perf_counter() - start
     run(algorithm, jax.random.key(0), 3, plan.arrays, progress_bar=False)  # compile
     start = time.perf_counter()
-    state, elbo = run(algorithm, jax.random.key(0), 500, plan.arrays, progress_bar=False, tol=TOL_PER_POINT * N)
+    state, elbo, _ = run(algorithm, jax.random.key(0), 500, plan.arrays, progress_bar=False, tol=TOL_PER_POINT * N)
     jax.block_until_ready(elbo)
     total = time.perf_counter() - start
     result = blrppl.BLRResult(plan, state, elbo, "global")

@@ -108,7 +108,7 @@ def main() -> None:
     analysis = time.perf_counter() - start
     run(algorithm, jax.random.key(0), STEPS, plan.arrays, progress_bar=False)  # compile
     start = time.perf_counter()
-    state, elbo = run(algorithm, jax.random.key(0), STEPS, plan.arrays, progress_bar=False)
+    state, elbo, _ = run(algorithm, jax.random.key(0), STEPS, plan.arrays, progress_bar=False)
     jax.block_until_ready(elbo)
     blrppl_total = time.perf_counter() - start
     step = jax.jit(algorithm.step)

@@ -93,7 +93,7 @@ def conjugate_bayes(y, family):
     analysis = time.perf_counter() - start
     algorithm = engine.build(plan)
     start = time.perf_counter()
-    state, elbo = run(algorithm, jax.random.key(0), 1, plan.arrays, progress_bar=False)
+    state, elbo, _ = run(algorithm, jax.random.key(0), 1, plan.arrays, progress_bar=False)
     jax.block_until_ready(state)
     first = time.perf_counter() - start
     fit = best_time(lambda: run(algorithm, jax.random.key(0), 1, plan.arrays, progress_bar=False), repeats=5)

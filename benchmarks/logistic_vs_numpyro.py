@@ -83,7 +83,7 @@ def blrppl_fit(X, y, elbo):
     algorithm = engine.build(plan)
     run(algorithm, jax.random.key(0), 200, plan.arrays, progress_bar=False, tol=1e-6)  # compile
     start = time.perf_counter()
-    state, trace = run(algorithm, jax.random.key(0), 200, plan.arrays, progress_bar=False, tol=1e-6)
+    state, trace, _ = run(algorithm, jax.random.key(0), 200, plan.arrays, progress_bar=False, tol=1e-6)
     jax.block_until_ready(trace)
     fit = time.perf_counter() - start
     mean = plan.qs["beta"].family.mean_params(state.natural["beta"])

@@ -46,7 +46,7 @@ def vmp(y):
     algorithm = engine.build(plan)
     run(algorithm, jax.random.key(0), 100, plan.arrays, progress_bar=False, tol=1e-3)  # compile
     start = time.perf_counter()
-    state, elbo = run(algorithm, jax.random.key(0), 100, plan.arrays, progress_bar=False, tol=1e-3)
+    state, elbo, _ = run(algorithm, jax.random.key(0), 100, plan.arrays, progress_bar=False, tol=1e-3)
     jax.block_until_ready(elbo)
     fit = time.perf_counter() - start
     step = jax.jit(algorithm.step)

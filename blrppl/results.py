@@ -35,6 +35,36 @@ class Restarts(NamedTuple):
     finite: jax.Array
 
 
+class Convergence(NamedTuple):
+    """Whether and why a run stopped (``result.converged``; ``bool()`` gives ``stopped``).
+
+    Attributes:
+      stopped: ``tol`` stopped the run before ``num_steps``.
+      reason: in words: the criterion met, or why the run did not stop.
+      num_steps: the number of steps run.
+    """
+
+    stopped: bool
+    reason: str
+    num_steps: int
+
+    def __bool__(self) -> bool:
+        return bool(self.stopped)
+
+    @classmethod
+    def of(cls, stopped: bool, tol: Optional[float], num_steps: int, noisy: bool) -> "Convergence":
+        """The record of a run (see :func:`blrppl.blr.driver.run` for the criteria)."""
+        if tol is None:
+            return cls(False, "no tol given: the run took every step asked for", num_steps)
+        if noisy:
+            criterion = f"the averaged q moved by at most KL {tol:g} per block over two windows of steps"
+        else:
+            criterion = f"the ELBO changed by at most {tol:g} relative, two steps in a row"
+        if stopped:
+            return cls(True, f"converged: {criterion}", num_steps)
+        return cls(False, f"not converged in {num_steps} steps: {criterion} did not hold; run longer", num_steps)
+
+
 class BLRResult(NamedTuple):
     """What ``engine.run`` returns.
 
@@ -48,6 +78,7 @@ class BLRResult(NamedTuple):
         (:class:`Restarts`); ``state``, ``elbo`` and everything derived from
         them (``posterior``, ``params``, ``sample``, ...) are then the best
         restart's. None for a single fit.
+      convergence: whether and why the run stopped (see ``converged``).
     """
 
     plan: Any
@@ -55,6 +86,14 @@ class BLRResult(NamedTuple):
     elbo: jax.Array
     mode: str
     restarts: Optional[Restarts] = None
+    convergence: Optional[Convergence] = None
+
+    @property
+    def converged(self) -> Convergence:
+        """Whether and why the run stopped (a :class:`Convergence`; truthy when ``tol`` stopped it)."""
+        if self.convergence is None:
+            return Convergence(False, "unknown (a loaded or hand-built result)", int(len(self.elbo)))
+        return self.convergence
 
     @property
     def num_restarts(self) -> int:

@@ -35,9 +35,9 @@ def test_step_is_traced_once_with_and_without_a_progress_bar(rng_key):
     engine = blrppl.VMP(entry.model)
     plan = engine.plan(*args, **kwargs)
     counted, traces = counting(engine.build(plan))
-    state_bar, elbo_bar = driver.run(counted, rng_key, 40, plan.arrays, progress_bar=True, num_updates=7)
+    state_bar, elbo_bar, _ = driver.run(counted, rng_key, 40, plan.arrays, progress_bar=True, num_updates=7)
     assert traces["step"] == 1
-    state, elbo = driver.run(counted, rng_key, 40, plan.arrays, progress_bar=False)
+    state, elbo, _ = driver.run(counted, rng_key, 40, plan.arrays, progress_bar=False)
     assert traces["step"] == 1  # the loop is compiled once per algorithm, reused by later runs
     driver.run(counted, rng_key, 13, plan.arrays, progress_bar=True, num_updates=3, tol=1e-3)
     assert traces["step"] == 1  # other lengths, chunkings and tolerances too

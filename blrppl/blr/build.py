@@ -13,6 +13,7 @@ is traced; plates are handled inside each estimator's array arithmetic.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional
 
 import jax
@@ -29,6 +30,7 @@ from blrppl.blr.schedules import as_schedule
 from blrppl.blr.starts import initial_natural
 from blrppl.blr.state import BLRInfo, BLRState, InferenceAlgorithm
 from blrppl.blr.update import local_update, safe_global_update, tree_sum
+from blrppl.families import kl_divergence
 
 AVERAGE_POWER = 3.0
 GUARD_SLACK = 1e-3
@@ -76,6 +78,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False) -> Inf
     m_step = build_m_step(plan) if plan.init_params else None
     average = _average(plan, config)
     guard = _guard(plan) and sub is None
+    newton_start = _newton_start(plan, config) if plan.start_estimators and not random_starts else None
 
     def batch_of(state: BLRState, t: jax.Array) -> Optional[jax.Array]:
         if sub is None:
@@ -148,6 +151,8 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False) -> Inf
             for i, v in enumerate(globals_):
                 msgs = messages(jax.random.fold_in(init_key, 2 + i), natural, params, arrays, (v,), None)
                 natural[v] = tree_sum(list(msgs[v].values()))
+        if newton_start is not None:
+            natural = newton_start(jax.random.fold_in(init_key, 4), natural, params, arrays)
         sites: dict = {}
         if incremental is not None:
             sites = incremental.init(natural, params, arrays)
@@ -160,6 +165,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False) -> Inf
             step=jnp.zeros((), jnp.int32),
             average=natural if average else None,
             rng_key=run_key,
+            anchor=natural if average else None,
         )
         if guard:
             state = state._replace(elbo=elbo(jax.random.fold_in(init_key, 3), state, arrays))
@@ -202,20 +208,83 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False) -> Inf
                 retry,
                 (jnp.ones((), jnp.int32), new_state, value, r),
             )
-        return new_state, BLRInfo(elbo=value, rho=r)
+        change = jnp.asarray(jnp.nan, value.dtype)
+        if average:
+            new_state, change = window_change(qs, new_state)
+        return new_state, BLRInfo(elbo=value, rho=r, change=change)
 
     def elbo(rng_key: jax.Array, state: BLRState, arrays: Any, batch: Optional[jax.Array] = None) -> jax.Array:
         """The ELBO of q (with a minibatch, its unbiased minibatch estimate)."""
         local_axes = sub.local_axes if sub is not None else {}
         return elbo_terms(rng_key, qs, estimators, state.natural, state.params, arrays, batch, plate_factors, local_axes, scale)
 
-    return InferenceAlgorithm(init=init, step=step, elbo=lambda k, s, a: elbo(k, s, a))
+    return InferenceAlgorithm(init=init, step=step, elbo=lambda k, s, a: elbo(k, s, a), noisy=average)
+
+
+START_STEPS = 50
+START_TOL = 1e-8
+
+
+def _newton_start(plan: Plan, config: Config):
+    """``(rng_key, natural, params, arrays) -> natural``: q moved near the posterior's mode.
+
+    Estimated site parameters evaluated under a broad starting q can be
+    useless or overflow (E_q[exp(η)] under a wide prior). So q first takes
+    guarded Newton steps: the same BLR step with every estimated factor's
+    site parameter by the delta method (Khan & Rue, Sec. 4.4: Laplace's
+    method) and ρ = 1, a step that lowers the objective retried with ρ/2,
+    ρ/4, ... (the ELBO guard), until the objective settles or ``START_STEPS``.
+    Gaussian q then sit at the mode with the curvature there as precision.
+    """
+    start_plan = dataclasses.replace(plan, estimators=plan.start_estimators, start_estimators=(), subsample=None)
+    start_config = config._replace(learning_rate=1.0, average=False, mode="global", minibatch=False, init={})
+    algorithm = build_blr(start_plan, start_config)
+
+    def start(rng_key, natural, params, arrays):
+        state = BLRState(natural=natural, site_params={}, params=params, step=jnp.zeros((), jnp.int32), rng_key=rng_key)
+        state = state._replace(elbo=algorithm.elbo(rng_key, state, arrays))
+
+        def cond(carry):
+            state, change = carry
+            return (state.step < START_STEPS) & (change > START_TOL)
+
+        def body(carry):
+            state, _ = carry
+            new, info = algorithm.step(state, arrays)
+            change = jnp.abs(info.elbo - state.elbo) / (1.0 + jnp.abs(info.elbo))
+            # A start that went nowhere finite keeps the previous q (never a worse start).
+            keep = ~jnp.isfinite(info.elbo)
+            new = jax.tree.map(lambda a, b: jnp.where(keep, a, b), state, new)
+            return new, jnp.where(keep, 0.0, change)
+
+        state, _ = jax.lax.while_loop(cond, body, (state, jnp.asarray(jnp.inf, jnp.result_type(float))))
+        return state.natural
+
+    return start
 
 
 def polynomial_average(running: Any, current: Any, t: jax.Array) -> Any:
     """Polynomial-decay averaging (Shamir & Zhang 2013): weight (η + 1)/(t + η), η = 3."""
     w = (AVERAGE_POWER + 1.0) / (t + AVERAGE_POWER)
     return jax.tree.map(lambda a, x: (1.0 - w) * a + w * x, running, current)
+
+
+CONVERGENCE_WINDOW = 25
+
+
+def window_change(qs, state: BLRState) -> tuple[BLRState, jax.Array]:
+    """Every ``CONVERGENCE_WINDOW`` steps: how far the averaged q moved, and a new anchor.
+
+    The change is the largest KL(q̄_then ‖ q̄_now) over every block of every
+    variable (a mean shift of δ standard deviations is KL = δ²/2); +inf
+    between window ends.
+    """
+    at_end = state.step % CONVERGENCE_WINDOW == 0
+    kls = [jnp.max(kl_divergence(qs[v].family, state.anchor[v], state.average[v])) for v in qs]
+    change = jnp.max(jnp.stack(kls)) if kls else jnp.zeros(())
+    change = jnp.where(at_end, change, jnp.inf)
+    anchor = jax.tree.map(lambda a, b: jnp.where(at_end, b, a), state.anchor, state.average)
+    return state._replace(anchor=anchor), change
 
 
 def averaged(state: BLRState) -> BLRState:

@@ -56,8 +56,13 @@ def run(
     each step into a buffer. Without a progress bar it runs in one call; with
     one, it runs in ``num_updates`` chunks (the host is touched ~20 times,
     never once per step) with the same compiled function, so both paths give
-    identical results. With ``tol``, the run stops after the first step whose
-    ELBO changed by less than ``tol`` from the previous step's.
+    identical results.
+
+    Convergence (``tol``): with deterministic site parameters, the run stops
+    once ``|ELBO_t - ELBO_{t-1}| <= tol * |ELBO_t|`` held for two steps in a
+    row; with Monte Carlo site parameters (``algorithm.noisy``), once the
+    averaged q moved by at most ``tol`` (the largest KL divergence of a block
+    over a window of steps) in two windows in a row, never on one noisy step.
 
     Args:
       algorithm: the ``InferenceAlgorithm`` to run.
@@ -66,12 +71,13 @@ def run(
       num_steps: the maximum number of steps (a positive integer).
       arrays: the plan's data, an argument of the compiled loop.
       init_state: a state to resume from (``result.state``); else ``init``.
-      tol: optional early-stopping threshold on the ELBO change.
+      tol: optional convergence threshold (see above).
       progress_bar: show a tqdm bar with the current ELBO.
       num_updates: number of progress-bar updates.
 
     Returns:
-      ``(state, elbo)``: the final state and the ELBO after each step run.
+      ``(state, elbo, converged)``: the final state, the ELBO after each step
+      run, and whether ``tol`` stopped the run.
     """
     num_steps = _check_steps(num_steps)
     state = init(algorithm, rng_key, arrays) if init_state is None else init_state
@@ -79,19 +85,19 @@ def run(
     threshold = jnp.asarray(-1.0 if tol is None else float(tol), dtype)
     buffer = jnp.full((_buffer_length(num_steps),), jnp.nan, dtype)
     previous = jnp.asarray(jnp.inf, dtype)
-    done = jnp.asarray(False)
+    hits = jnp.zeros((), jnp.int32)
     if not progress_bar:
-        end, state, buffer, previous, done = _run_chunk(
-            algorithm, arrays, state, buffer, jnp.asarray(0, jnp.int32), jnp.asarray(num_steps, jnp.int32), previous, done, threshold
+        end, state, buffer, previous, hits = _run_chunk(
+            algorithm, arrays, state, buffer, jnp.asarray(0, jnp.int32), jnp.asarray(num_steps, jnp.int32), previous, hits, threshold
         )
-        return state, buffer[: int(end)]
+        return state, buffer[: int(end)], bool(hits >= CONFIRMATIONS)
 
     chunk = -(-num_steps // num_updates)
     end = 0
     with tqdm.tqdm(total=num_steps) as bar:
         for stop in range(chunk, num_steps + chunk, chunk):
             stop = min(stop, num_steps)
-            new_end, state, buffer, previous, done = _run_chunk(
+            new_end, state, buffer, previous, hits = _run_chunk(
                 algorithm,
                 arrays,
                 state,
@@ -99,39 +105,55 @@ def run(
                 jnp.asarray(end, jnp.int32),
                 jnp.asarray(stop, jnp.int32),
                 previous,
-                done,
+                hits,
                 threshold,
             )
             new_end = int(new_end)
             bar.update(new_end - end)
             end = new_end
-            bar.set_postfix(elbo=f"{float(previous):.6g}")
-            if bool(done):
+            done = bool(hits >= CONFIRMATIONS)
+            bar.set_postfix(elbo=f"{float(previous):.6g}", converged=done)
+            if done:
                 break
-    return state, buffer[:end]
+    return state, buffer[:end], done
+
+
+CONFIRMATIONS = 2
+"""Consecutive checks under ``tol`` that stop a run (one more step confirms the first)."""
+
+
+def _hits(algorithm, info, elbo, previous, hits, threshold):
+    """The count of consecutive convergence checks passed (see :func:`run`)."""
+    if algorithm.noisy:
+        checked = jnp.isfinite(info.change)
+        passed = info.change <= threshold
+    else:
+        checked = jnp.isfinite(elbo) & jnp.isfinite(previous)
+        passed = jnp.abs(elbo - previous) <= threshold * jnp.abs(elbo)
+    return jnp.where(checked, jnp.where(passed, hits + 1, 0), hits)
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _run_chunk(algorithm, arrays, state, buffer, start, stop, previous, done, threshold):
-    """Steps ``start`` to ``stop`` (or until the ELBO settles) in one ``while_loop``.
+def _run_chunk(algorithm, arrays, state, buffer, start, stop, previous, hits, threshold):
+    """Steps ``start`` to ``stop`` (or until converged) in one ``while_loop``.
 
     Compiled once per algorithm (a static argument), whatever the chunk
     bounds, tolerance, number of steps or data (``arrays``, of fixed shapes).
     """
 
     def cond(carry):
-        i, _, _, _, done = carry
-        return (i < stop) & ~done
+        i, _, _, _, hits = carry
+        return (i < stop) & (hits < CONFIRMATIONS)
 
     def body(carry):
-        i, state, buffer, previous, _ = carry
+        i, state, buffer, previous, hits = carry
         state, info = algorithm.step(state, arrays)
         elbo = info.elbo.astype(buffer.dtype)
         buffer = buffer.at[i].set(elbo)
-        done = jnp.abs(elbo - previous) < threshold
-        return i + 1, state, buffer, elbo, done
+        hits = _hits(algorithm, info, elbo, previous, hits, threshold)
+        return i + 1, state, buffer, elbo, hits
 
-    return jax.lax.while_loop(cond, body, (start, state, buffer, previous, done))
+    return jax.lax.while_loop(cond, body, (start, state, buffer, previous, hits))
 
 
 def init_restarts(algorithm: InferenceAlgorithm, rng_keys: jax.Array, arrays: Any) -> BLRState:
@@ -163,9 +185,10 @@ def run_restarts(
     until the last one stops, and a stopped restart's state no longer changes).
 
     Returns:
-      ``(states, elbo, num_run)``: the final states (leading axis C), the
-      ELBO traces ``(C, num_steps)`` (NaN after a restart stopped) and the
-      number of steps each restart ran, shape ``(C,)``.
+      ``(states, elbo, num_run, converged)``: the final states (leading axis
+      C), the ELBO traces ``(C, num_steps)`` (NaN after a restart stopped),
+      the number of steps each restart ran, shape ``(C,)``, and whether
+      ``tol`` stopped each, shape ``(C,)``.
     """
     num_steps = _check_steps(num_steps)
     num_restarts = int(jnp.shape(jax.tree.leaves(init_states.step)[0])[0])
@@ -173,7 +196,7 @@ def run_restarts(
     threshold = jnp.asarray(-1.0 if tol is None else float(tol), dtype)
     buffer = jnp.full((num_restarts, _buffer_length(num_steps)), jnp.nan, dtype)
     previous = jnp.full((num_restarts,), jnp.inf, dtype)
-    done = jnp.zeros((num_restarts,), bool)
+    hits = jnp.zeros((num_restarts,), jnp.int32)
     states = init_states
     ends = jnp.zeros((num_restarts,), jnp.int32)
     chunk = num_steps if not progress_bar else -(-num_steps // num_updates)
@@ -181,11 +204,12 @@ def run_restarts(
     end = 0
     for stop in range(chunk, num_steps + chunk, chunk):
         stop = min(stop, num_steps)
-        stopped = done
-        new_ends, states, buffer, previous, done = _run_chunks(
+        stopped = hits >= CONFIRMATIONS
+        new_ends, states, buffer, previous, hits = _run_chunks(
             algorithm, arrays, states, buffer, jnp.asarray(end, jnp.int32), jnp.asarray(stop, jnp.int32),
-            previous, done, threshold,
+            previous, hits, threshold,
         )
+        done = hits >= CONFIRMATIONS
         ends = jnp.where(stopped, ends, new_ends)  # a restart stopped earlier keeps its end
         new_end = int(jnp.max(ends))
         if bar is not None:
@@ -196,14 +220,14 @@ def run_restarts(
             break
     if bar is not None:
         bar.close()
-    return states, buffer[:, :end], ends
+    return states, buffer[:, :end], ends, hits >= CONFIRMATIONS
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _run_chunks(algorithm, arrays, states, buffers, start, stop, previous, done, threshold):
+def _run_chunks(algorithm, arrays, states, buffers, start, stop, previous, hits, threshold):
     """:func:`_run_chunk` vmapped over restarts (shared bounds, tolerance and data)."""
 
-    def one(state, buffer, previous, done):
-        return _run_chunk(algorithm, arrays, state, buffer, start, stop, previous, done, threshold)
+    def one(state, buffer, previous, hits):
+        return _run_chunk(algorithm, arrays, state, buffer, start, stop, previous, hits, threshold)
 
-    return jax.vmap(one)(states, buffers, previous, done)
+    return jax.vmap(one)(states, buffers, previous, hits)

@@ -27,7 +27,7 @@ from blrppl.blr.config import Config
 from blrppl.blr.starts import start_arrays
 from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, PlanArrays, example_latents, q_space_examples
-from blrppl.estimators.select import Verdicts, choose_estimator, with_verdicts
+from blrppl.estimators.select import Verdicts, choose_estimator, delta_estimator, with_verdicts
 from blrppl.families import VariableQ
 from blrppl.graph.blocks import as_blocks
 from blrppl.graph.chains import discrete_loop_chain
@@ -72,6 +72,10 @@ class Plan:
       data_static: the model's data could not be passed as arguments (the
         model needs concrete data values while it runs), so compiled code
         holds them as constants and the signature includes their content.
+      start_estimators: the delta-method (Newton) estimators that start q
+        near the mode before estimated site parameters take over
+        (:mod:`blrppl.blr.starts`); empty when every factor is exact or an
+        estimated neighbour is not Gaussian.
     """
 
     graph: FactorGraph
@@ -83,6 +87,7 @@ class Plan:
     subsample: Optional[Subsample]
     arrays: PlanArrays
     data_static: bool = False
+    start_estimators: tuple = ()
 
     @property
     def signature(self) -> tuple:
@@ -149,6 +154,7 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
             raise
         estimators.append(estimator)
         verdicts[name] = edges
+    start_estimators = _start_estimators(graph, estimators, qs, examples, init_params, config)
     graph = with_verdicts(graph, verdicts)
     if config.posterior_in_family:
         _check_posterior_in_family(graph, estimators, config)
@@ -162,7 +168,26 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
         starts=start_arrays(graph, qs, estimators, config.init),
         params=dict(init_params),
     )
-    return Plan(graph, qs, tuple(estimators), init_params, param_transforms, verdicts, subsample, arrays, data_static)
+    return Plan(
+        graph, qs, tuple(estimators), init_params, param_transforms, verdicts, subsample, arrays, data_static,
+        start_estimators,
+    )
+
+
+def _start_estimators(graph, estimators, qs, examples, params, config) -> tuple:
+    """Delta-method versions of the estimated factors (all exact ones kept), or ()."""
+    if config.estimators.forced is not None or not any(e.method.estimated for e in estimators):
+        return ()
+    out = []
+    for est in estimators:
+        if not est.method.estimated:
+            out.append(est)
+            continue
+        delta = delta_estimator(graph, est, qs, examples, params, config.estimators.num_samples)
+        if delta is None:
+            return ()
+        out.append(delta)  # a hybrid's exact part is the same analysis: it reads the same arrays
+    return tuple(out)
 
 
 def param_examples(graph: FactorGraph) -> tuple[dict, dict]:
@@ -316,7 +341,7 @@ def plan_signature(plan: Plan) -> tuple:
         (v, q.family.name, q.shape, q.num_batch, q.num_categories, q.joint, _content(q.transform)) for v, q in plan.qs.items()
     )
     factors = tuple(
-        (est.factor, est.neighbours, est.method, _structure(est.arrays)) for est in plan.estimators
+        (est.factor, est.neighbours, est.method, _structure(est.arrays)) for est in plan.estimators + plan.start_estimators
     )
     nodes = tuple(
         (n.name, n.kind, n.plates, n.param_neighbours, type(n.distribution).__name__) for n in graph.factors.values()

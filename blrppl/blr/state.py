@@ -24,6 +24,9 @@ class BLRState(NamedTuple):
         which engines report as q at the end of a run; else None.
       elbo: with the ELBO guard (deterministic estimators), the ELBO of q
         after the last step; else None.
+      anchor: with iterate averaging, the averaged λ at the last window
+        boundary (convergence of a Monte Carlo fit is judged on how far
+        the averaged q moved over a window of steps); else None.
       rng_key: the run's random stream: step t draws from
         ``fold_in(rng_key, t)`` and minibatch epochs from their own fold, so
         a run resumed from its state continues exactly as one longer run
@@ -37,6 +40,7 @@ class BLRState(NamedTuple):
     average: Any = None
     elbo: Any = None
     rng_key: Any = None
+    anchor: Any = None
 
 
 class BLRInfo(NamedTuple):
@@ -45,10 +49,15 @@ class BLRInfo(NamedTuple):
     Attributes:
       elbo: the ELBO of q after the step (higher is better).
       rho: the learning rate the step used.
+      change: for a Monte Carlo fit, at the end of each window of steps, the
+        largest KL divergence between a block's averaged q now and at the
+        window's start (+inf between window ends); NaN for fits whose
+        convergence is judged on the ELBO (the driver's relative change).
     """
 
     elbo: jax.Array
     rho: jax.Array
+    change: Any = None
 
 
 class InferenceAlgorithm(NamedTuple):
@@ -56,7 +65,9 @@ class InferenceAlgorithm(NamedTuple):
 
     ``init(rng_key, arrays) -> BLRState``; ``step(state, arrays) -> (state,
     info)`` (randomness from the state's stream); ``elbo(rng_key, state,
-    arrays) -> scalar``. ``arrays`` is the plan's data
+    arrays) -> scalar``; ``noisy``: site parameters are Monte Carlo estimates
+    (convergence is then judged on averaged iterates, not on one ELBO).
+    ``arrays`` is the plan's data
     (:class:`~blrppl.estimators.base.PlanArrays`), an argument so that one
     compiled program fits any data set of the same shapes.
     """
@@ -64,3 +75,4 @@ class InferenceAlgorithm(NamedTuple):
     init: Callable[[jax.Array, Any], BLRState]
     step: Callable[[BLRState, Any], tuple[BLRState, BLRInfo]]
     elbo: Callable[[jax.Array, BLRState, Any], Any]
+    noisy: bool = False

@@ -22,7 +22,7 @@ from blrppl.blr.plan import Plan, make_plan
 from blrppl.blr.restarts import best_restart, finite_state, restart_keys
 from blrppl.blr.starts import check_start
 from blrppl.blr.state import InferenceAlgorithm
-from blrppl.results import BLRResult, Restarts
+from blrppl.results import BLRResult, Convergence, Restarts
 from blrppl.saving import load
 
 
@@ -99,11 +99,12 @@ class Engine:
         if init_state is None:
             init_state = driver.init(algorithm, rng_key, plan.arrays)
             check_start(plan.qs, init_state.natural)
-        state, elbo = driver.run(
+        state, elbo, stopped = driver.run(
             algorithm, rng_key, num_steps, plan.arrays, init_state=init_state, tol=tol, progress_bar=progress_bar
         )
         check_finite(state, elbo)
-        return BLRResult(plan=plan, state=state, elbo=elbo, mode=self.mode)
+        convergence = Convergence.of(stopped, tol, len(elbo), algorithm.noisy)
+        return BLRResult(plan=plan, state=state, elbo=elbo, mode=self.mode, convergence=convergence)
 
     def _run_restarts(self, plan, rng_key, num_steps, num_restarts, init_state, tol, progress_bar) -> BLRResult:
         algorithm = self.build(plan)
@@ -121,7 +122,7 @@ class Engine:
                     f"num_restarts={num_restarts}; got a state whose step has shape {steps}. Resume a "
                     "single fit with num_restarts=1."
                 )
-        states, elbo, num_run = driver.run_restarts(
+        states, elbo, num_run, stopped = driver.run_restarts(
             algorithm, num_steps, plan.arrays, init_state, tol=tol, progress_bar=progress_bar
         )
         num_run = [int(n) for n in num_run]
@@ -130,7 +131,11 @@ class Engine:
         restarts = Restarts(
             state=states, elbo=elbo, num_steps=jnp.asarray(num_run), best=best, finite=jnp.asarray(finite)
         )
-        return BLRResult(plan=plan, state=state, elbo=elbo[best, : num_run[best]], mode=self.mode, restarts=restarts)
+        convergence = Convergence.of(bool(stopped[best]), tol, num_run[best], algorithm.noisy)
+        return BLRResult(
+            plan=plan, state=state, elbo=elbo[best, : num_run[best]], mode=self.mode, restarts=restarts,
+            convergence=convergence,
+        )
 
     def load(self, path: Any, *model_args: Any, **model_kwargs: Any) -> BLRResult:
         """A result saved with ``result.save(path)``, for this engine, model and data.

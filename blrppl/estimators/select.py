@@ -182,3 +182,29 @@ def with_verdicts(graph: FactorGraph, verdicts: Verdicts) -> FactorGraph:
         for name, node in graph.factors.items()
     }
     return dataclasses.replace(graph, factors=factors)
+
+
+def delta_estimator(
+    graph: FactorGraph,
+    estimator: FactorEstimator,
+    qs: Mapping[str, Any],
+    examples: Mapping[str, Any],
+    params: Mapping[str, Any],
+    num_samples: int,
+) -> Optional[FactorEstimator]:
+    """The delta-method (Newton) version of an estimated factor, for starting q near the mode.
+
+    Returns None when the factor is exact, or when an estimated neighbour is
+    not Gaussian (its site parameters would stay Monte Carlo, too noisy for
+    a guarded Newton start).
+    """
+    method = estimator.method
+    if not method.estimated or any(not qs[v].family.gaussian for v in method.estimated):
+        return None
+    name = estimator.factor
+    if method.exact:
+        try:
+            return hybrid_estimator(graph, name, qs, examples, params, method.estimated, "delta", num_samples)
+        except (NonConjugate, ModelError):
+            return None
+    return nonconjugate_estimator(graph, name, qs, examples, "delta", num_samples, "start")

@@ -36,8 +36,8 @@ def test_chunks_for_the_progress_bar_give_the_same_run(rng_key):
     engine = blrppl.NonConjugateVI(model, estimator="mc", num_samples=4)
     plan = engine.plan(y=Y)
     algorithm = engine.build(plan)
-    _, one = driver.run(algorithm, rng_key, 30, plan.arrays, progress_bar=False)
-    _, chunked = driver.run(algorithm, rng_key, 30, plan.arrays, progress_bar=True, num_updates=7)
+    _, one, _ = driver.run(algorithm, rng_key, 30, plan.arrays, progress_bar=False)
+    _, chunked, _ = driver.run(algorithm, rng_key, 30, plan.arrays, progress_bar=True, num_updates=7)
     np.testing.assert_array_equal(one, chunked)
 
 
