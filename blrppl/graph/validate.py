@@ -190,11 +190,14 @@ def check_support(site: Mapping[str, Any]) -> None:
     """
     fn = site["fn"]
     support = fn.support
-    if support is None or isinstance(support, constraints._Dependent):
-        return
+    base = support
+    while isinstance(base, constraints._IndependentConstraint):
+        base = base.base_constraint
+    if support is None or isinstance(base, (constraints._Dependent, constraints._Real)):
+        return  # the real line is the finite values, which check_finite has checked
     value = np.asarray(site["value"])
     try:
-        inside = np.asarray(support(jnp.asarray(value)), dtype=bool)
+        inside = np.asarray(_inside(support, jnp.asarray(value)), dtype=bool)
     except Exception:  # a constraint that cannot be evaluated on these values: numpyro's concern
         return
     batch_ndim = value.ndim - fn.event_dim
@@ -247,6 +250,11 @@ def describe_support(support: constraints.Constraint) -> str:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+#: ``support(value)`` as one compiled program per constraint type and shape (a
+#: constraint is a pytree): eagerly, each of its few operations compiles on its own.
+_inside = jax.jit(lambda support, value: support(value))
 
 
 def _bound(x: Any) -> str:
