@@ -246,6 +246,8 @@ def describe_support(support: constraints.Constraint) -> str:
         return f"values in ({_bound(support.lower_bound)}, {_bound(support.upper_bound)})"
     if isinstance(support, c._GreaterThan):
         return f"values above {_bound(support.lower_bound)}"
+    if isinstance(support, c._Multinomial):
+        return f"integer counts summing to {_bound(support.upper_bound)}"
     return type(support).__name__.lstrip("_")
 
 

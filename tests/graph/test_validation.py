@@ -96,6 +96,18 @@ def mvn(y):
         numpyro.sample("y", dist.MultivariateNormal(mu, jnp.eye(2)), obs=y)
 
 
+def multinomial(y):
+    probs = numpyro.sample("probs", dist.Dirichlet(jnp.ones(3)))
+    with numpyro.plate("N", y.shape[0]):
+        numpyro.sample("y", dist.Multinomial(10, probs), obs=y)
+
+
+def column_plate(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("N", 5, dim=-2):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
 def uniform_latent_bound(y):
     upper = numpyro.sample("upper", dist.Gamma(2.0, 1.0))
     with numpyro.plate("N", y.shape[0]):
@@ -189,6 +201,8 @@ BAD_CASES = [
     ("negative-count-in-scan", scan_poisson, (COUNTS.at[3].set(-2.0),), "y_t", ["-2.0"]),
     ("obs-mask-unmasked", bernoulli_obs_mask, (BITS.at[0].set(0.5), ZEROS), "y_observed", ["0.5"]),
     ("conditioned", conditioned, (COUNTS.at[1].set(-1.0),), "y", ["Poisson"]),
+    ("multinomial-total", multinomial, (jnp.array([[3, 3, 5], [10, 0, 0]]),), "y", ["to 10"]),
+    ("flat-data-in-dim-2-plate", column_plate, (jnp.zeros(5),), "y", ["(5, 5)", "5 times"]),
 ]
 
 # id, model, args
@@ -214,6 +228,8 @@ GOOD_CASES = [
     ("scan-vector", scan_vector, (jnp.ones((4, 2)),)),
     ("enumerated-mixture", mixture, (Y[:10],)),
     ("conditioned", conditioned, (COUNTS,)),
+    ("multinomial", multinomial, (jnp.array([[3, 3, 4], [10, 0, 0]]),)),
+    ("column-in-dim-2-plate", column_plate, (jnp.zeros((5, 1)),)),
 ]
 
 
@@ -262,6 +278,7 @@ def test_a_model_without_a_plate_means_the_same_as_one_with_it(rng_key):
         (dist.Gamma(1.0, 1.0).support, "positive values"),
         (dist.Beta(1.0, 1.0).support, "values in [0, 1]"),
         (dist.Uniform(0.0, 2.0).support, "values in (0, 2)"),
+        (dist.Multinomial(10, jnp.full(3, 1 / 3)).support, "integer counts summing to 10"),
         (dist.Normal(0.0, 1.0).to_event(0).support, "finite values"),
         (dist.Exponential(1.0).expand([3]).to_event(1).support, "positive values"),
     ],
