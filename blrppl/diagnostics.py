@@ -6,14 +6,45 @@ heavy right tail when q misses mass the posterior has. PSIS (Vehtari et al.
 k measures how bad the tail is, and Yao et al. (2018, "Yes, but did it
 work?: Evaluating variational inference") use it to judge a variational fit:
 
-    k < 0.5          q is close to the posterior; importance-sampling
-                     estimates from q converge fast
-    0.5 <= k < 0.7   usable, with care (slow convergence)
-    k >= 0.7         q misses the posterior: trust its means and variances
-                     little (variances are usually too small)
+    k < 0.5           q is close to the posterior; importance-sampling
+                      estimates from q converge fast
+    0.5 <= k < k_S    usable, with care (slow convergence)
+    k >= k_S          q misses the posterior: trust its means and variances
+                      little (variances are usually too small)
 
-(Vehtari et al. 2024 refine the 0.7 cut to min(1 - 1 / log10(S), 0.7) for S
-draws; with S >= 1000 it is 0.67-0.7.)
+where k_S = min(1 - 1 / log10(S), 0.7) is Vehtari et al.'s (2024, Sec. 3.2.4,
+Eq. 13) sample-size dependent threshold for S draws (0.67 for S = 1000, 0.5 for
+S = 100): above it, PSIS estimates from S draws are unreliable. The verdict
+is taken on k rounded to two decimals, as printed, so the label always
+agrees with the number shown.
+
+Two cases PSIS cannot judge, and which are reported for what they are:
+
+* **Exact q.** For an exact q (conjugate Bayes) the log ratio is the
+  constant log p(y), and what varies is floating-point rounding: a lattice of
+  a few values a few ulps apart. A generalised Pareto fit to that lattice is
+  meaningless (ArviZ's ``psislw`` returns anything from -4 to +inf on it:
+  the largest 20% of the ratios are mostly ties with the cut-off, so the
+  exceedances it fits are mostly zeros). When the log ratios are constant up
+  to rounding (their spread is within ``ROUNDING * eps`` of the magnitudes
+  summed to form them), k is -inf, the verdict is ``"exact"`` and ESS = S.
+* **Collapsed q.** A q whose spread has collapsed far below the prior's
+  (``COLLAPSE``, compared per element by standard deviation in the site's
+  own space; see :func:`collapsed_sites`) is listed in
+  :attr:`ParetoK.collapsed`. If it has collapsed below floating-point
+  resolution its draws are all equal, the log ratios are constant and would
+  look exact; a point mass misses the whole posterior, so k is then +inf
+  ("bad"), which is the truth: p / q is unbounded.
+
+k is a tail shape, blind to scale: a Gaussian q that matches a skewed
+posterior's bulk closely (log weights with a standard deviation of 0.1,
+ESS 97% of S) still has k near 1 when the posterior's tails are heavier
+than a Gaussian's, because the few largest weights, from q's far tail,
+keep growing. That is the truth about importance sampling from q (the
+weights' variance is infinite and the ESS estimate means little), not a
+verdict on q's means; the report says so. A Gaussian fitted to a logistic
+regression's posterior moments shows it (k about 1 at S = 4000), where the
+narrower Laplace q centred at the mode gets k about 0.4.
 
 Both densities are evaluated in the space q lives in: a Gaussian q on the
 unconstrained space of a site's support is compared with the model's
@@ -21,13 +52,11 @@ density pushed to that space (log |det J| of the transform added), every
 other q with the model's density on the support itself. The model's log
 joint comes from NumPyro (``numpyro.infer.util.log_density``) at the drawn
 latent values and the fitted point estimates, so masks, ``handlers.scale``
-and ``numpyro.factor`` terms count as NumPyro counts them. For an exact q
-(conjugate Bayes) the log ratio is the constant log p(y); PSIS cannot fit a
-tail to constant ratios, and k is then reported as -inf.
+and ``numpyro.factor`` terms count as NumPyro counts them.
 
 References:
   Yao, Vehtari, Simpson & Gelman (2018), ICML. Vehtari, Simpson, Gelman, Yao
-  & Gabry (2024), "Pareto smoothed importance sampling", JMLR 25.
+  & Gabry (2024), "Pareto smoothed importance sampling", JMLR 25(72).
 """
 
 from __future__ import annotations
@@ -45,8 +74,24 @@ from blrppl.graph.replay import split_latents
 
 #: k below this: q is good (Yao et al. 2018).
 GOOD = 0.5
-#: k at or above this: q is unreliable.
+#: k at or above this (or above the sample-size threshold, if lower): q is unreliable.
 BAD = 0.7
+#: Log ratios whose spread is at most ``ROUNDING * eps * (sum of the magnitudes of
+#: the terms of log p(x, y) and log q(x))`` are constant up to rounding. Summing n
+#: terms in floating point errs by up to about log2(n) * eps * sum |terms|
+#: (pairwise summation); 256 covers that with room for the log densities' own error.
+ROUNDING = 256.0
+#: A site whose q has a standard deviation below this fraction of its prior's
+#: (in some element) has collapsed: 12 orders of magnitude in variance, which no
+#: realistic amount of data explains.
+COLLAPSE = 1e-6
+
+
+def bad_threshold(num_samples: int) -> float:
+    """The k threshold for S draws: min(1 - 1/log10 S, 0.7) (Vehtari et al. 2024, Eq. 13)."""
+    if num_samples <= 1:
+        return -math.inf
+    return min(1.0 - 1.0 / math.log10(num_samples), BAD)
 
 
 class ParetoK(NamedTuple):
@@ -54,34 +99,97 @@ class ParetoK(NamedTuple):
 
     Attributes:
       k: the Pareto shape estimate (``float(diagnostic)`` gives it); -inf
-        when the importance ratios are constant (q is the exact posterior).
+        when the importance ratios are constant up to rounding (q is the
+        exact posterior), +inf when q has collapsed to a point or no draw
+        has a finite ratio.
       ess: the effective sample size of the Pareto-smoothed importance
-        weights, between 1 and ``num_samples``.
+        weights, between 1 and ``num_samples`` (0 when no ratio is finite).
       num_samples: the number of draws from q.
+      collapsed: latent sites whose q has collapsed far below the prior's
+        spread (see the module docstring); empty when none has.
+      spread: max - min of the finite log ratios (how far from constant
+        they are).
+      rounding: the spread rounding alone can cause in them (``ROUNDING``
+        times the dtype's eps times the magnitude of the terms summed).
     """
 
     k: float
     ess: float
     num_samples: int
+    collapsed: tuple[str, ...] = ()
+    spread: float = math.nan
+    rounding: float = math.nan
 
     def __float__(self) -> float:
         return float(self.k)
 
     @property
+    def threshold(self) -> float:
+        """The k at and above which q is judged bad for this many draws."""
+        return bad_threshold(self.num_samples)
+
+    @property
     def verdict(self) -> str:
-        """``"good"`` (k < 0.5), ``"ok"`` (k < 0.7) or ``"bad"``."""
-        if self.k < GOOD:
-            return "good"
-        return "ok" if self.k < BAD else "bad"
+        """``"exact"`` (k = -inf), ``"good"``, ``"ok"`` or ``"bad"``.
+
+        Judged on k as printed (two decimals) against 0.5 and
+        :attr:`threshold` printed the same way, so the label agrees with
+        the number shown.
+        """
+        if self.k == -math.inf:
+            return "exact"
+        if not self.k < math.inf:  # +inf or NaN: nothing to trust
+            return "bad"
+        shown = float(f"{self.k:.2f}")
+        if shown >= float(f"{self.threshold:.2f}"):
+            return "bad"
+        return "good" if shown < GOOD else "ok"
 
     def __str__(self) -> str:
-        return f"Pareto k {self.k:.3g} ({self.verdict}), ESS {self.ess:.0f} of {self.num_samples}"
+        verdict = self.verdict
+        if verdict == "exact":
+            text = (
+                f"Pareto k -inf: exact (log weights constant up to rounding: spread "
+                f"{self.spread:.1g} <= {self.rounding:.1g} over {self.num_samples} draws; "
+                "q is the posterior as far as the arithmetic can tell)"
+            )
+        else:
+            shown = f"{self.k:.2f}" if math.isfinite(self.k) else str(self.k)
+            text = f"Pareto k {shown} ({verdict}"
+            if verdict == "bad":
+                text += f": k >= {self.threshold:.2f} for {self.num_samples} draws"
+            text += ")"
+        text += f", ESS {self.ess:.0f} of {self.num_samples}"
+        if verdict == "bad" and self.ess > 0:
+            # Vehtari et al. (2024, Sec. 3): with k this large the weights'
+            # variance is infinite and the ESS estimate means little.
+            text += " (not reliable at this k)"
+        if self.collapsed:
+            names = ", ".join(repr(n) for n in self.collapsed)
+            text += (
+                f"; q collapsed for {names} (spread below {COLLAPSE:g} of the prior's: "
+                "a point mass misses the posterior, whatever k says)"
+            )
+        return text
 
 
 def log_importance_ratios(result: Any, rng_key: jax.Array, num_samples: int = 1000) -> jax.Array:
     """log p(x_s, y) - log q(x_s) for ``num_samples`` draws x_s ~ q, shape ``(num_samples,)``.
 
     Densities are taken in q's own space (see the module docstring).
+    """
+    return _importance_draws(result, rng_key, num_samples)[0]
+
+
+def _importance_draws(
+    result: Any, rng_key: jax.Array, num_samples: int
+) -> tuple[jax.Array, jax.Array, dict]:
+    """Log ratios, the magnitude of the terms summed into each, and the draws by site.
+
+    Returns ``(log_ratio, magnitude, sites)``: ``(S,)`` log ratios, ``(S,)``
+    sums of the absolute values of every term of log p(x, y), log q(x) and
+    log |det J| (the scale of their rounding error), and numpyro latent
+    site name -> ``(S, *site_shape)`` values in the site's support.
     """
     plan, state = result.plan, result.state
     natural = result.natural_params
@@ -92,14 +200,18 @@ def log_importance_ratios(result: Any, rng_key: jax.Array, num_samples: int = 10
         for key, (v, q) in zip(keys, plan.qs.items())
     }
     params = dict(state.params)
+    dtype = jnp.result_type(float)
 
-    def log_ratio(draw):
-        log_q = jnp.zeros((), jnp.result_type(float))
-        log_det = jnp.zeros((), jnp.result_type(float))
+    def log_ratio(draw: dict) -> tuple:
+        log_q = jnp.zeros((), dtype)
+        log_det = jnp.zeros((), dtype)
+        magnitude = jnp.zeros((), dtype)
         values = {}
         for v, q in plan.qs.items():
             u = draw[v]
-            log_q = log_q + jnp.sum(q.family.to_numpyro(natural[v]).log_prob(u))
+            terms = q.family.to_numpyro(natural[v]).log_prob(u)
+            log_q = log_q + jnp.sum(terms)
+            magnitude = magnitude + jnp.sum(jnp.abs(terms))
             if q.joint:
                 values.update(q.transform(u))
                 for site in q.transform.sites:
@@ -110,16 +222,80 @@ def log_importance_ratios(result: Any, rng_key: jax.Array, num_samples: int = 10
                 values[v] = u
                 continue
             x = q.transform(u)
-            log_det = log_det + jnp.sum(q.transform.log_abs_det_jacobian(u, x))
+            jacobian = q.transform.log_abs_det_jacobian(u, x)
+            log_det = log_det + jnp.sum(jacobian)
+            magnitude = magnitude + jnp.sum(jnp.abs(jacobian))
             values[v] = x
         data = split_latents(graph, values)
+        sites = dict(data)
         data.update(params)
-        log_joint, _ = log_density(graph.model, graph.model_args, graph.model_kwargs, data)
-        return log_joint + log_det - log_q
+        log_joint, model_trace = log_density(
+            graph.model, graph.model_args, graph.model_kwargs, data
+        )
+        for site in model_trace.values():
+            if site["type"] != "sample":
+                continue
+            terms = jnp.abs(site["fn"].log_prob(site["value"]))
+            if site.get("mask") is not None:
+                terms = jnp.where(site["mask"], terms, 0.0)
+            if site.get("scale") is not None:
+                terms = terms * jnp.abs(site["scale"])
+            magnitude = magnitude + jnp.sum(terms)
+        return log_joint + log_det - log_q, magnitude, sites
 
     # One compiled function: run eagerly, each of the model's operations
     # would compile on its own (seconds for a mixture on CPU).
     return jax.jit(jax.vmap(log_ratio))(draws)
+
+
+def collapsed_sites(result: Any, q_sites: dict) -> tuple[str, ...]:
+    """Latent sites whose q spread is below ``COLLAPSE`` times the prior's, in some element.
+
+    The spread of q is the standard deviation of its draws (``q_sites``:
+    site name -> ``(S, *shape)`` values in the site's support); the prior's
+    is its standard deviation, or for a prior without a finite variance
+    (HalfCauchy) its interquartile range / 1.349, of the site's prior as
+    traced (its distribution at the trace's placeholder values of its
+    parents, which sets the scale the data have to shrink). Discrete sites
+    are skipped (a categorical q may legitimately be certain), and so are
+    sites whose prior has neither or another shape (latent chains written
+    with ``scan``).
+    """
+    priors = {}
+    for node in result.plan.graph.variables.values():
+        for member in node.members or (node,):
+            if not member.discrete and member.prior is not None:
+                priors[member.name] = member.prior
+    out = []
+    for name, prior in priors.items():
+        if name not in q_sites:
+            continue
+        q_spread = np.std(np.asarray(q_sites[name], dtype=np.float64), axis=0)
+        prior_spread = _prior_spread(prior, q_spread.shape)
+        if prior_spread is None:
+            continue
+        reference = np.isfinite(prior_spread) & (prior_spread > 0)
+        if np.any(q_spread[reference] < COLLAPSE * prior_spread[reference]):
+            out.append(name)
+    return tuple(out)
+
+
+def _prior_spread(prior: Any, shape: tuple) -> Any:
+    """The prior's standard deviation (or IQR / 1.349) broadcast to ``shape``, or None."""
+    for spread in (
+        lambda: np.sqrt(np.asarray(prior.variance, dtype=np.float64)),
+        lambda: np.asarray(prior.icdf(0.75) - prior.icdf(0.25), dtype=np.float64) / 1.349,
+    ):
+        try:
+            value = spread()
+        except Exception:  # numpyro implements neither for some distributions
+            continue
+        if np.all(np.isfinite(value)):
+            try:
+                return np.broadcast_to(value, shape)
+            except ValueError:  # the prior's shape is not the site's (a scan chain)
+                return None
+    return None
 
 
 def pareto_k(result: Any, rng_key: jax.Array, num_samples: int = 1000) -> ParetoK:
@@ -132,27 +308,36 @@ def pareto_k(result: Any, rng_key: jax.Array, num_samples: int = 1000) -> Pareto
       num_samples: the number of draws (PSIS wants a few hundred or more).
 
     Returns:
-      A :class:`ParetoK`.
+      A :class:`ParetoK`: ``str()`` of it is a one-line report whose label
+      agrees with the k it prints.
 
     Example:
       >>> diagnostic = result.pareto_k(jax.random.key(1))  # doctest: +SKIP
-      >>> diagnostic.k < 0.7  # doctest: +SKIP
+      >>> diagnostic.verdict in ("exact", "good")  # doctest: +SKIP
     """
     from blrppl.arviz_io import import_arviz
 
-    az = import_arviz()
-    log_ratio = np.asarray(log_importance_ratios(result, rng_key, num_samples), dtype=np.float64)
+    log_ratio, magnitude, q_sites = _importance_draws(result, rng_key, num_samples)
+    eps = float(jnp.finfo(log_ratio.dtype).eps)
+    log_ratio = np.asarray(log_ratio, dtype=np.float64)
     log_ratio = np.where(np.isnan(log_ratio), -np.inf, log_ratio)
-    finite = log_ratio[np.isfinite(log_ratio)]
-    if finite.size == 0:
-        return ParetoK(math.inf, 0.0, num_samples)
-    spread = finite.max() - finite.min()
-    if finite.size == log_ratio.size and spread <= 1e-12 * max(1.0, float(np.abs(finite).max())):
-        return ParetoK(-math.inf, float(num_samples), num_samples)
+    collapsed = collapsed_sites(result, q_sites)
+    finite = np.isfinite(log_ratio)
+    if not finite.any():
+        return ParetoK(math.inf, 0.0, num_samples, collapsed)
+    spread = float(np.ptp(log_ratio[finite]))
+    scale = np.asarray(magnitude, np.float64)[finite]
+    scale = float(np.median(scale)) if np.isfinite(scale).all() else 0.0
+    rounding = ROUNDING * eps * scale
+    if finite.all() and spread <= rounding:
+        if collapsed:  # the draws are one point: p / q is unbounded
+            return ParetoK(math.inf, float(num_samples), num_samples, collapsed, spread, rounding)
+        return ParetoK(-math.inf, float(num_samples), num_samples, (), spread, rounding)
+    az = import_arviz()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ArviZ warns about large k; k is the answer here
         smoothed, k = az.psislw(log_ratio.copy())
     weights = np.exp(smoothed - np.max(smoothed))
     weights /= weights.sum()
     ess = float(1.0 / np.sum(weights**2))
-    return ParetoK(float(k), ess, num_samples)
+    return ParetoK(float(k), ess, num_samples, collapsed, spread, rounding)

@@ -113,10 +113,14 @@ class BLRResult(NamedTuple):
     def pareto_k(self, rng_key: jax.Array, num_samples: int = 1000):
         """PSIS Pareto-k of q against the model (Yao et al. 2018): is the fit any good?
 
-        k < 0.5: q is close to the posterior; 0.5 <= k < 0.7: usable, with care;
-        k >= 0.7: q misses the posterior (importance weights are heavy-tailed).
-        Returns a :class:`~blrppl.diagnostics.ParetoK` (``float()`` gives k);
-        see :func:`blrppl.diagnostics.pareto_k`.
+        k < 0.5: q is close to the posterior; 0.5 <= k < min(1 - 1/log10 S, 0.7):
+        usable, with care; above: q misses the posterior (importance weights
+        are heavy-tailed). An exact q has log weights constant up to rounding
+        and is reported as exact (k = -inf); a q collapsed far below the
+        prior's spread is listed in ``collapsed``. Returns a
+        :class:`~blrppl.diagnostics.ParetoK` (``float()`` gives k, ``str()``
+        a one-line report whose label agrees with the k it prints); see
+        :func:`blrppl.diagnostics.pareto_k`.
         """
         from blrppl.diagnostics import pareto_k
 

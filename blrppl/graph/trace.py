@@ -8,11 +8,13 @@ then:
    (likelihood factors), ``numpyro.factor`` terms, ``numpyro.param`` sites and
    deterministic sites; every sample site is one factor, vectorised over its
    plates;
-2. checks observations for NaN and infinity outside masked positions;
-3. finds each factor's neighbours by dependency analysis on the jaxpr of the
+2. finds each factor's neighbours by dependency analysis on the jaxpr of the
    model as a function of its latent and param values
    (:mod:`blrppl.graph.dependencies`); a model whose shapes or Python control
    flow depend on latent values fails here, and the site responsible is named;
+3. checks every observed value (:mod:`blrppl.graph.validate`): its shape is
+   the distribution's, it is finite and inside the support outside masked
+   positions;
 4. recognises latent chains (:mod:`blrppl.graph.chains`) and gives every
    variable its q family (:mod:`blrppl.graph.families`).
 
@@ -57,6 +59,7 @@ from blrppl.graph.nodes import (
 )
 from blrppl.graph.plates import collect_plates, site_plates, subsample_indices
 from blrppl.graph.replay import effective_mask, effective_scale, run_model
+from blrppl.graph.validate import validate_observations
 
 
 def build_graph(
@@ -78,10 +81,12 @@ def build_graph(
         families: latent site (or chain variable) name -> q family name.
 
     Raises:
-        ModelError: naming the site, for NaN or infinite observations outside
-            masked positions, shapes or control flow that depend on latent
-            values, latent discrete sites with infinite support, and a family
-            override that names no latent site or does not fit its support.
+        ModelError: naming the site, for observations whose shape is not the
+            distribution's, NaN, infinite or out-of-support observations
+            outside masked positions, shapes or control flow that depend on
+            latent values, latent discrete sites with infinite support, and a
+            family override that names no latent site or does not fit its
+            support.
     """
     model_args = tuple(model_args)
     model_kwargs = dict(model_kwargs or {})
@@ -95,8 +100,6 @@ def build_graph(
     ]
     observed = [n for n, s in tr.items() if s["type"] == "sample" and n not in latents]
     params = [n for n, s in tr.items() if s["type"] == "param"]
-    for name in observed:
-        _check_finite(tr[name])
 
     for name in families:
         if name not in latents:
@@ -121,6 +124,9 @@ def build_graph(
     }
     deps = _site_dependencies(model, model_args, model_kwargs, tr, latents, params)
     value_deps, dist_deps, dist_scans, scan_init = deps
+    validate_observations(
+        model, model_args, model_kwargs, tr, observed, latents + params, dist_deps
+    )
     latent_set = set(latents)
     # Chains are recognised from the priors, so an override keeps the chain structure.
     scan_chains = _chains.scan_chains(
@@ -168,36 +174,6 @@ def _maybe_chain(site: Mapping[str, Any]) -> bool:
     return _chains.distribution_chain(site) is not None or (
         "_scan_current_index" in site.get("infer", {})
     )
-
-
-# --------------------------------------------------------------------------- checks
-
-
-def _check_finite(site: Mapping[str, Any]) -> None:
-    """Observations must be finite outside masked positions."""
-    fn = site["fn"]
-    if isinstance(base_distribution(fn), dist.Unit):
-        return
-    value = np.asarray(site["value"])
-    if not (
-        np.issubdtype(value.dtype, np.floating) or np.issubdtype(value.dtype, np.complexfloating)
-    ):
-        return
-    bad = ~np.isfinite(value)
-    event_ndim = len(fn.event_shape)
-    if event_ndim:
-        bad = bad.reshape(bad.shape[: bad.ndim - event_ndim] + (-1,)).any(-1)
-    mask = effective_mask(site)
-    if mask is not None:
-        bad = bad & np.broadcast_to(np.asarray(mask), bad.shape)
-    if bad.any():
-        count = int(bad.sum())
-        raise site_error(
-            site["name"],
-            f"observations contain NaN or infinite values ({count} of {bad.size} "
-            "outside masked positions)",
-            "drop them, or pass obs_mask= (or .mask()) so those positions become missing data",
-        )
 
 
 _DEPENDENCE_ERRORS = (
