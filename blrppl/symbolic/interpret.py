@@ -86,7 +86,7 @@ class Interpreter:
     def _apply(self, eqn: Any, invals: list, used: list[bool]) -> list:
         prim = eqn.primitive
         if not any(is_symbolic(v) for v in invals):
-            out = prim.bind(*[v if is_key(v) else jnp.asarray(v) for v in invals], **eqn.params)
+            out = prim.bind(*[v if is_key(v) else jnp.asarray(v) for v in invals], **prim.get_bind_params(eqn.params))
             outs = out if prim.multiple_results else [out]
             return [o if is_key(o) else np.asarray(o) for o in outs]
         name = prim.name
