@@ -28,14 +28,22 @@ import numpy as np
 
 from blrppl.blr import driver
 from blrppl.errors import ModelError
+from blrppl.graph.data import content_digest
 from blrppl.results import BLRResult, Restarts
 
 FORMAT = "blrppl-result-1"
 
 
+def _is_key(leaf: Any) -> bool:
+    return jnp.issubdtype(jnp.asarray(leaf).dtype if not hasattr(leaf, "dtype") else leaf.dtype, jax.dtypes.prng_key)
+
+
 def _flatten(prefix: str, tree: Any) -> dict[str, np.ndarray]:
     leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
-    return {prefix + jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
+    return {
+        prefix + jax.tree_util.keystr(path): np.asarray(jax.random.key_data(leaf) if _is_key(leaf) else leaf)
+        for path, leaf in leaves
+    }
 
 
 def save(result: BLRResult, path: Any) -> str:
@@ -47,6 +55,7 @@ def save(result: BLRResult, path: Any) -> str:
     arrays["elbo"] = np.asarray(result.elbo)
     arrays["format"] = np.asarray(FORMAT)
     arrays["mode"] = np.asarray(result.mode)
+    arrays["data"] = np.asarray(content_digest(result.graph.data.arrays))
     if result.restarts is not None:
         r = result.restarts
         arrays.update(_flatten("restarts.state", r.state))
@@ -72,6 +81,9 @@ def _fill(prefix: str, template: Any, arrays: Any, path: str) -> Any:
     for p, leaf in leaves:
         key = prefix + jax.tree_util.keystr(p)
         value = arrays[key]
+        if _is_key(leaf):
+            out.append(jax.random.wrap_key_data(jnp.asarray(value)))
+            continue
         if value.shape != jnp.shape(leaf):
             raise ModelError(
                 f"site {path!r}: {key} has shape {value.shape} in the file but {jnp.shape(leaf)} for this "
@@ -109,6 +121,11 @@ def load(path: Any, engine: Any, *model_args: Any, **model_kwargs: Any) -> BLRRe
                 f"{engine.mode!r}; load with an engine in mode {mode!r}."
             )
         plan = engine.plan(*model_args, **model_kwargs)
+        if "data" in arrays.files and str(arrays["data"]) != content_digest(plan.graph.data.arrays):
+            raise ModelError(
+                f"site {path!r}: the data passed to load differ from the data of the saved fit; "
+                "pass the model arguments the fit was made with."
+            )
         template = driver.init(engine.build(plan), jax.random.key(0), plan.arrays)
         state = _fill("state", template, arrays, path)
         restarts = None

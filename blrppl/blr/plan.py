@@ -11,9 +11,6 @@ new data with the same signature reuses the compiled program.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import types
-import weakref
 import warnings
 from typing import Any, Callable, Mapping, Optional
 
@@ -31,7 +28,7 @@ from blrppl.estimators.select import Verdicts, choose_estimator, delta_estimator
 from blrppl.families import VariableQ
 from blrppl.graph.blocks import as_blocks
 from blrppl.graph.chains import discrete_loop_chain
-from blrppl.graph.data import DATA_ERRORS
+from blrppl.graph.data import DATA_ERRORS, content_digest
 from blrppl.graph.families import variable_q
 from blrppl.graph.nodes import FactorGraph, Plate
 from blrppl.graph.points import as_point_estimates
@@ -338,7 +335,7 @@ def plan_signature(plan: Plan) -> tuple:
     """Everything a compiled fit closes over, as a hashable value (see :class:`Plan`)."""
     graph = plan.graph
     variables = tuple(
-        (v, q.family.name, q.shape, q.num_batch, q.num_categories, q.joint, _content(q.transform)) for v, q in plan.qs.items()
+        (v, q.family.name, q.shape, q.num_batch, q.num_categories, q.joint, content_digest(q.transform)) for v, q in plan.qs.items()
     )
     factors = tuple(
         (est.factor, est.neighbours, est.method, _structure(est.arrays)) for est in plan.estimators + plan.start_estimators
@@ -348,8 +345,8 @@ def plan_signature(plan: Plan) -> tuple:
     )
     data = graph.data
     closed = plan.data_static or any(est.closed_data for est in plan.estimators)
-    data_key = _content(data.arrays) if closed else data.signature
-    params = tuple((k, _structure(v), _content(plan.param_transforms[k])) for k, v in plan.init_params.items())
+    data_key = content_digest(data.arrays) if closed else data.signature
+    params = tuple((k, _structure(v), content_digest(plan.param_transforms[k])) for k, v in plan.init_params.items())
     subsample = None
     if plan.subsample is not None:
         s = plan.subsample
@@ -371,45 +368,3 @@ def _structure(tree: Any) -> tuple:
     """A tree's structure (compared by value, static index arrays included) and leaf shapes."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     return (treedef, tuple((tuple(np.shape(x)), str(np.asarray(x).dtype)) for x in leaves))
-
-
-def _content(obj: Any) -> str:
-    """A digest of an object's structure and array contents (for values closed over)."""
-    digest = hashlib.sha1()
-    _digest(obj, digest, set())
-    return digest.hexdigest()
-
-
-def _digest(obj: Any, digest: Any, seen: set) -> None:
-    if isinstance(obj, (np.ndarray, jax.Array, np.generic)):
-        array = np.asarray(obj)
-        digest.update(f"array{array.dtype}{array.shape}".encode())
-        digest.update(np.ascontiguousarray(array).tobytes())
-        return
-    if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes, type)):
-        digest.update(f"{type(obj).__name__}:{obj!r}".encode())
-        return
-    if id(obj) in seen:
-        digest.update(b"<cycle>")
-        return
-    seen.add(id(obj))
-    digest.update(type(obj).__name__.encode())
-    if isinstance(obj, dict):
-        for key in obj:
-            _digest(key, digest, seen)
-            _digest(obj[key], digest, seen)
-    elif isinstance(obj, (tuple, list, frozenset, set)):
-        items = sorted(obj, key=repr) if isinstance(obj, (set, frozenset)) else obj
-        for item in items:
-            _digest(item, digest, seen)
-    elif dataclasses.is_dataclass(obj):
-        for field in dataclasses.fields(obj):
-            _digest(getattr(obj, field.name), digest, seen)
-    elif isinstance(obj, (types.FunctionType, types.MethodType, types.BuiltinFunctionType)):
-        digest.update(f"{getattr(obj, '__qualname__', '')}:{id(obj)}".encode())
-    elif isinstance(obj, weakref.ref):
-        digest.update(b"<weakref>")  # a cache (numpyro's transforms keep their inverse so)
-    elif hasattr(obj, "__dict__"):
-        _digest(vars(obj), digest, seen)
-    else:
-        digest.update(repr(obj).encode())

@@ -9,6 +9,10 @@ arrays (or tracers) back in their places.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import types
+import weakref
 from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import jax
@@ -77,3 +81,45 @@ def split_model_data(model_args: tuple, model_kwargs: Mapping[str, Any]) -> Mode
         else:
             static.append((i, leaf))
     return ModelData(tuple(arrays), treedef, tuple(static))
+
+
+def content_digest(obj: Any) -> str:
+    """A digest of an object's structure and array contents (data closed over, saved fits)."""
+    digest = hashlib.sha1()
+    _digest(obj, digest, set())
+    return digest.hexdigest()
+
+
+def _digest(obj: Any, digest: Any, seen: set) -> None:
+    if isinstance(obj, (np.ndarray, jax.Array, np.generic)):
+        array = np.asarray(obj)
+        digest.update(f"array{array.dtype}{array.shape}".encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+        return
+    if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes, type)):
+        digest.update(f"{type(obj).__name__}:{obj!r}".encode())
+        return
+    if id(obj) in seen:
+        digest.update(b"<cycle>")
+        return
+    seen.add(id(obj))
+    digest.update(type(obj).__name__.encode())
+    if isinstance(obj, dict):
+        for key in obj:
+            _digest(key, digest, seen)
+            _digest(obj[key], digest, seen)
+    elif isinstance(obj, (tuple, list, frozenset, set)):
+        items = sorted(obj, key=repr) if isinstance(obj, (set, frozenset)) else obj
+        for item in items:
+            _digest(item, digest, seen)
+    elif dataclasses.is_dataclass(obj):
+        for field in dataclasses.fields(obj):
+            _digest(getattr(obj, field.name), digest, seen)
+    elif isinstance(obj, (types.FunctionType, types.MethodType, types.BuiltinFunctionType)):
+        digest.update(f"{getattr(obj, '__qualname__', '')}:{id(obj)}".encode())
+    elif isinstance(obj, weakref.ref):
+        digest.update(b"<weakref>")  # a cache (numpyro's transforms keep their inverse so)
+    elif hasattr(obj, "__dict__"):
+        _digest(vars(obj), digest, seen)
+    else:
+        digest.update(repr(obj).encode())

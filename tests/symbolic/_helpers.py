@@ -313,7 +313,7 @@ def check_model(case: Case, engine_cls) -> None:
     """The same factor written as a NumPyro model, through ``engine.plan`` and its exact estimator."""
     plan, value, messages = plan_site_parameters(engine_cls, case.model, case.args, case.factor, case.mean)
     for v, info in case.infos.items():
-        assert plan.qs[v].info == info, (v, plan.qs[v].info, info)
+        assert var_info(plan.qs[v]) == info, (v, var_info(plan.qs[v]), info)
     assert set(plan.graph.factors[case.factor].neighbours) == set(case.infos)
     assert_value(value, case.value)
     assert_messages(messages, case.messages, kinds_of(case.infos))
