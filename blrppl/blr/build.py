@@ -91,6 +91,8 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False) -> Inf
         out: dict = {v: {} for v in variables}
         for i, est in enumerate(estimators):
             touched = [v for v in est.neighbours if v in out]
+            if est.factor in plan.imputed:  # an integrated-out factor informs its own latent only
+                touched = [v for v in touched if v == est.factor]
             if not touched:
                 continue
             key = jax.random.fold_in(rng_key, i)
@@ -216,7 +218,10 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False) -> Inf
     def elbo(rng_key: jax.Array, state: BLRState, arrays: Any, batch: Optional[jax.Array] = None) -> jax.Array:
         """The ELBO of q (with a minibatch, its unbiased minibatch estimate)."""
         local_axes = sub.local_axes if sub is not None else {}
-        return elbo_terms(rng_key, qs, estimators, state.natural, state.params, arrays, batch, plate_factors, local_axes, scale)
+        return elbo_terms(
+            rng_key, qs, estimators, state.natural, state.params, arrays, batch, plate_factors, local_axes, scale,
+            skip=plan.imputed,
+        )
 
     return InferenceAlgorithm(init=init, step=step, elbo=lambda k, s, a: elbo(k, s, a), noisy=average)
 

@@ -26,6 +26,7 @@ def elbo_terms(
     plate_factors: frozenset = frozenset(),
     local_axes: Optional[Mapping[str, int]] = None,
     scale: float = 1.0,
+    skip: frozenset = frozenset(),
 ) -> jax.Array:
     """ELBO = Σ_f E_q[log f] + Σ_v H[q_v].
 
@@ -36,19 +37,25 @@ def elbo_terms(
     usual EM bound (Khan & Rue, Sec. 5.2). With a minibatch ``batch`` of a
     subsampled plate, the factors in the plate and the entropies of the
     plate's local variables are read on the batch and rescaled by
-    ``scale`` = N / M: an unbiased estimate of the ELBO.
+    ``scale`` = N / M: an unbiased estimate of the ELBO. Variables in
+    ``skip`` (integrated-out missing data) leave out their own prior factor
+    and their entropy: together they contribute nothing to the evidence.
     """
     local_axes = local_axes or {}
     mean = mean_params(qs, natural)
     total = jnp.zeros((), jnp.result_type(float))
     for i, est in enumerate(estimators):
         key = jax.random.fold_in(rng_key, i)
+        if est.factor in skip:
+            continue
         if batch is not None and est.factor in plate_factors:
             value, _ = est.estimate(key, mean, params, arrays, batch=batch)
             total = total + scale * value
         else:
             total = total + est.estimate(key, mean, params, arrays)[0]
     for v, h in entropy_terms(qs, natural).items():
+        if v in skip:
+            continue
         if batch is not None and v in local_axes:
             total = total + scale * jnp.sum(jnp.take(h, batch, axis=local_axes[v]))
         else:

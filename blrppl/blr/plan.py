@@ -69,6 +69,11 @@ class Plan:
       data_static: the model's data could not be passed as arguments (the
         model needs concrete data values while it runs), so compiled code
         holds them as constants and the signature includes their content.
+      imputed: missing-data latents (numpyro's ``obs_mask``) that no factor
+        but their own prior touches: that factor integrates to one, so it
+        sends no site parameter to other variables and leaves the ELBO out
+        (the fit equals deleting the missing observations); their q are
+        imputations (the prior given the other variables' q).
       start_estimators: the delta-method (Newton) estimators that start q
         near the mode before estimated site parameters take over
         (:mod:`blrppl.blr.starts`); empty when every factor is exact or an
@@ -85,6 +90,7 @@ class Plan:
     arrays: PlanArrays
     data_static: bool = False
     start_estimators: tuple = ()
+    imputed: frozenset = frozenset()
 
     @property
     def signature(self) -> tuple:
@@ -167,8 +173,20 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
     )
     return Plan(
         graph, qs, tuple(estimators), init_params, param_transforms, verdicts, subsample, arrays, data_static,
-        start_estimators,
+        start_estimators, _imputed(graph),
     )
+
+
+def _imputed(graph: FactorGraph) -> frozenset:
+    """Missing-data latents touched by their own prior factor only (see :class:`Plan`)."""
+    out = set()
+    for v, node in graph.variables.items():
+        if node.observed_mask is None:
+            continue
+        touching = [f for f, factor in graph.factors.items() if v in factor.neighbours]
+        if touching == [v]:
+            out.add(v)
+    return frozenset(out)
 
 
 def _start_estimators(graph, estimators, qs, examples, params, config) -> tuple:
@@ -357,6 +375,7 @@ def plan_signature(plan: Plan) -> tuple:
         factors,
         nodes,
         tuple(graph.deterministics),
+        tuple(sorted(plan.imputed)),
         data_key,
         params,
         subsample,

@@ -19,9 +19,10 @@ from typing import Any, Callable, Mapping, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro.distributions as dist
 
 from blrppl.graph.nodes import FactorGraph
-from blrppl.graph.replay import join_chain, replay, run_model
+from blrppl.graph.replay import join_chain, replay, run_model, safe_observation
 from blrppl.symbolic import canonical
 from blrppl.symbolic.expectation import VarInfo
 
@@ -174,6 +175,9 @@ def factor_log_density(
     """
     node = graph.factors[factor]
     own = owner(graph, factor)
+    # The prior of a missing-data latent (numpyro's obs_mask) is masked where the
+    # data are observed: there the latent is a dummy; its q stays the prior.
+    imputed = own is not None and graph.variables[own].observed_mask is not None
 
     def log_factor(values: Mapping[str, Any], params: Mapping[str, Any], data: Any = None) -> jax.Array:
         constrained = {}
@@ -192,11 +196,15 @@ def factor_log_density(
             if name == own:
                 jacobian = jnp.sum(transform.log_abs_det_jacobian(value, constrained[name]))
         site = replay(graph, constrained, params, data=data)[factor]
+        value = safe_observation(site)
+        fn = site.fn
+        while imputed and isinstance(fn, dist.MaskedDistribution):
+            fn = fn.base_dist
         if use_canonical:
-            log_prob = canonical.log_density(site.fn, site.value)
+            log_prob = canonical.log_density(fn, value)
         else:
-            log_prob = site.fn.log_prob(site.value)
-        if site.mask is not None:
+            log_prob = fn.log_prob(value)
+        if site.mask is not None and not imputed:
             log_prob = jnp.where(site.mask, log_prob, 0.0)
         if site.scale is not None:
             log_prob = log_prob * site.scale

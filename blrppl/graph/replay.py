@@ -133,7 +133,7 @@ def _placeholder(msg: Mapping[str, Any]) -> Any:
         out = jax.eval_shape(
             lambda key: fn.sample(key, sample_shape), jax.ShapeDtypeStruct((2,), jnp.uint32)
         )
-        value = _support_point(fn.support, out.shape)
+        value = support_point(fn.support, out.shape)
         if value is None:
             transform = biject_to(fn.support)
             return jnp.asarray(transform(jnp.zeros(transform.inverse_shape(out.shape))), out.dtype)
@@ -142,7 +142,7 @@ def _placeholder(msg: Mapping[str, Any]) -> Any:
         return None
 
 
-def _support_point(support: Any, shape: tuple) -> Optional[np.ndarray]:
+def support_point(support: Any, shape: tuple) -> Optional[np.ndarray]:
     """A point of ``support`` with the given shape, in numpy (no compilation), or None."""
     while isinstance(support, constraints._IndependentConstraint):
         support = support.base_constraint
@@ -308,3 +308,22 @@ def latent_site_names(graph: "FactorGraph") -> frozenset:
     for name, node in graph.variables.items():
         names.update(node.chain.sites if node.chain is not None else (name,))
     return frozenset(names)
+
+
+def safe_observation(site: "ReplayedSite") -> Any:
+    """An observed site's value with its masked positions replaced by a point of the support.
+
+    Masked observations carry no information, and may be NaN (missing data);
+    their log density is multiplied by zero, but a NaN would still poison
+    gradients and the symbolic pre-contractions, so it never reaches them.
+    """
+    value = site.value
+    if site.mask is None or not site.is_observed:
+        return value
+    fn = site.fn
+    event_ndim = len(fn.event_shape)
+    mask = jnp.reshape(site.mask, jnp.shape(site.mask) + (1,) * event_ndim)
+    point = support_point(fn.support, tuple(jnp.shape(value)))
+    if point is None:
+        point = np.zeros(jnp.shape(value))
+    return jnp.where(mask, value, jnp.asarray(point, jnp.result_type(value)))
