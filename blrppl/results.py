@@ -79,6 +79,9 @@ class BLRResult(NamedTuple):
         them (``posterior``, ``params``, ``sample``, ...) are then the best
         restart's. None for a single fit.
       convergence: whether and why the run stopped (see ``converged``).
+      flags: doubts about the answer found after the run, one message each
+        (e.g. a point estimate whose maximum lies on its support's boundary);
+        empty when none.
     """
 
     plan: Any
@@ -87,6 +90,7 @@ class BLRResult(NamedTuple):
     mode: str
     restarts: Optional[Restarts] = None
     convergence: Optional[Convergence] = None
+    flags: tuple = ()
 
     @property
     def converged(self) -> Convergence:

@@ -37,7 +37,7 @@ GUARD_SLACK = 1e-3
 MAX_GUARD_HALVINGS = 12
 
 
-def build_blr(plan: Plan, config: Config, *, random_starts: bool = False) -> InferenceAlgorithm:
+def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_params: bool = False) -> InferenceAlgorithm:
     """Build ``init``, ``step`` and ``elbo`` for one plan.
 
     The step, for the variables in ``config.order`` (coordinate-wise with
@@ -59,6 +59,8 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False) -> Inf
       config: its options.
       random_starts: ``init`` re-centres each q at a draw from its start
         (restarts; see :mod:`blrppl.blr.restarts`).
+      fixed_params: no M-step: point estimates stay where the state has them
+        (EM's E-step alone, to evaluate the bound at other parameter values).
 
     Returns:
       The :class:`InferenceAlgorithm`.
@@ -75,7 +77,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False) -> Inf
     incremental = None
     if sub is not None and mode == "local":
         incremental = build_store(qs, estimators, plate_factors, sub.local_axes, sub.plate.size)
-    m_step = build_m_step(plan) if plan.init_params else None
+    m_step = build_m_step(plan) if plan.init_params and not fixed_params else None
     average = _average(plan, config)
     guard = _guard(plan) and sub is None
     newton_start = _newton_start(plan, config) if plan.start_estimators and not random_starts else None

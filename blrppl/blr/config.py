@@ -17,6 +17,8 @@ from blrppl.estimators.base import ESTIMATORS
 from blrppl.estimators.select import EstimatorOptions
 
 MODES = ("global", "local")
+MAX_JOINT_SIZE = 400
+"""The largest joint Gaussian block (scalars) ``joint_gaussians`` forms."""
 SCHEDULES = ("sequential", "parallel")
 
 
@@ -45,6 +47,9 @@ class Config(NamedTuple):
       point_params: ``numpyro.param`` sites are allowed (as point estimates).
       continuous_only: every latent must be continuous and not a chain
         (Laplace's one Gaussian block).
+      joint_gaussians: Gaussian latents on the real line that share a factor
+        get one joint block (up to ``MAX_JOINT_SIZE`` scalars), so that their
+        exact q is joint, not mean-field (EM's exact E-step).
       name: the preset's name, for messages.
     """
 
@@ -62,6 +67,7 @@ class Config(NamedTuple):
     posterior_in_family: bool = False
     point_params: bool = True
     continuous_only: bool = False
+    joint_gaussians: bool = False
     name: str = "BLR"
 
 

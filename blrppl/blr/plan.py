@@ -20,7 +20,7 @@ import numpy as np
 from numpyro import handlers
 from numpyro.distributions.transforms import biject_to
 
-from blrppl.blr.config import Config
+from blrppl.blr.config import MAX_JOINT_SIZE, Config
 from blrppl.blr.starts import start_arrays
 from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, PlanArrays, example_latents, q_space_examples
@@ -29,6 +29,7 @@ from blrppl.families import VariableQ
 from blrppl.graph.blocks import as_blocks
 from blrppl.graph.chains import discrete_loop_chain
 from blrppl.graph.data import DATA_ERRORS, content_digest
+from blrppl.families.registry import GAUSSIAN_NAMES
 from blrppl.graph.families import variable_q
 from blrppl.graph.nodes import FactorGraph, Plate
 from blrppl.graph.points import as_point_estimates
@@ -128,6 +129,8 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
     blocks = config.blocks
     if blocks == "all":
         blocks = [tuple(graph.variables)]
+    elif config.joint_gaussians and not blocks:
+        blocks = joint_gaussian_blocks(graph, [s for s in graph.variables if s not in config.point_estimates])
     graph = as_point_estimates(graph, config.point_estimates)
     graph = as_blocks(graph, blocks)
     _check_options(graph, config, model)
@@ -203,6 +206,43 @@ def _start_estimators(graph, estimators, qs, examples, params, config) -> tuple:
             return ()
         out.append(delta)  # a hybrid's exact part is the same analysis: it reads the same arrays
     return tuple(out)
+
+
+def joint_gaussian_blocks(graph: FactorGraph, candidates) -> list[tuple[str, ...]]:
+    """Groups of real-valued Gaussian latents linked through shared factors (union-find).
+
+    Only groups of two or more sites up to ``MAX_JOINT_SIZE`` scalars; a
+    larger group stays mean-field (the result says so: ``EM``'s bound is
+    then below the log likelihood).
+    """
+    gaussian = {
+        v for v in candidates
+        if graph.variables[v].family in GAUSSIAN_NAMES and graph.variables[v].transform is None
+        and graph.variables[v].chain is None and not graph.variables[v].discrete
+        and graph.variables[v].observed_mask is None
+    }
+    parent = {v: v for v in gaussian}
+
+    def find(v):
+        while parent[v] != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    for node in graph.factors.values():
+        linked = [v for v in node.neighbours if v in gaussian]
+        for a, b in zip(linked, linked[1:]):
+            parent[find(a)] = find(b)
+    groups: dict = {}
+    for v in graph.variables:
+        if v in gaussian:
+            groups.setdefault(find(v), []).append(v)
+    out = []
+    for members in groups.values():
+        size = sum(int(np.prod(graph.variables[v].shape)) for v in members)
+        if len(members) > 1 and size <= MAX_JOINT_SIZE:
+            out.append(tuple(members))
+    return out
 
 
 def param_examples(graph: FactorGraph) -> tuple[dict, dict]:

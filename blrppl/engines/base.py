@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from blrppl.blr import driver
 from blrppl.blr.build import build_blr
+from blrppl.blr.checks import boundary_estimates
 from blrppl.blr.config import Config
 from blrppl.blr.plan import Plan, make_plan
 from blrppl.blr.restarts import best_restart, finite_state, restart_keys
@@ -53,14 +54,20 @@ class Engine:
         """Trace the model and choose every factor's estimator (no compilation)."""
         return make_plan(self.model, model_args, model_kwargs, self.config)
 
-    def build(self, plan: Plan, *, random_starts: bool = False) -> InferenceAlgorithm:
+    def build(self, plan: Plan, *, random_starts: bool = False, fixed_params: bool = False) -> InferenceAlgorithm:
         """The functional core for a plan, shared by every plan with the same signature."""
-        key = (plan.signature, random_starts)
+        key = (plan.signature, random_starts, fixed_params)
         algorithm = self._algorithms.get(key)
         if algorithm is None:
-            algorithm = build_blr(plan, self.config, random_starts=random_starts)
+            algorithm = build_blr(plan, self.config, random_starts=random_starts, fixed_params=fixed_params)
             self._algorithms[key] = algorithm
         return algorithm
+
+    def _flags(self, plan: Plan, state: Any, elbo: jax.Array) -> tuple[str, ...]:
+        """Doubts about a finished fit (see :mod:`blrppl.blr.checks`)."""
+        if not plan.init_params or not len(elbo):
+            return ()
+        return boundary_estimates(plan, self.build(plan, fixed_params=True), state, float(elbo[-1]))
 
     def run(
         self,
@@ -104,7 +111,8 @@ class Engine:
         )
         check_finite(state, elbo)
         convergence = Convergence.of(stopped, tol, len(elbo), algorithm.noisy)
-        return BLRResult(plan=plan, state=state, elbo=elbo, mode=self.mode, convergence=convergence)
+        flags = self._flags(plan, state, elbo)
+        return BLRResult(plan=plan, state=state, elbo=elbo, mode=self.mode, convergence=convergence, flags=flags)
 
     def _run_restarts(self, plan, rng_key, num_steps, num_restarts, init_state, tol, progress_bar) -> BLRResult:
         algorithm = self.build(plan)
@@ -134,7 +142,7 @@ class Engine:
         convergence = Convergence.of(bool(stopped[best]), tol, num_run[best], algorithm.noisy)
         return BLRResult(
             plan=plan, state=state, elbo=elbo[best, : num_run[best]], mode=self.mode, restarts=restarts,
-            convergence=convergence,
+            convergence=convergence, flags=self._flags(plan, state, elbo[best, : num_run[best]]),
         )
 
     def load(self, path: Any, *model_args: Any, **model_kwargs: Any) -> BLRResult:
