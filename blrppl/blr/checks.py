@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from numpyro.distributions import constraints
 
 from blrppl.blr import driver
+from blrppl.errors import ModelError
 
 #: How far towards a boundary the parameter moves on its unconstrained space.
 BOUNDARY_SHIFT = 10.0
@@ -63,3 +64,55 @@ def boundary_estimates(plan: Any, e_step: Any, state: Any, elbo: float) -> tuple
                     "treat the estimate as that boundary value, or put a prior on the site (a latent sample site)"
                 )
     return tuple(flags)
+
+
+#: A Gaussian q whose precision passes this has collapsed to a point (on q's space).
+COLLAPSED_PRECISION = 1e16
+
+
+def collapsed_sites(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> list[str]:
+    """Gaussian variables whose q collapsed (precision overflowing or not finite), scales first."""
+    found = []
+    for v, q in qs.items():
+        if not q.family.gaussian or q.family.chain:
+            continue
+        lam = natural[v]
+        precision = -2.0 * (lam.x_sq if hasattr(lam, "x_sq") else jnp.diagonal(lam.xxT, axis1=-2, axis2=-1))
+        bad = ~jnp.isfinite(precision) | ~jnp.all(jnp.isfinite(lam.x))
+        if bool(jnp.any(bad) | jnp.any(precision > COLLAPSED_PRECISION)):
+            found.append(v)
+    return sorted(found, key=lambda v: qs[v].transform is None)
+
+
+def improper_posterior_error(qs: Mapping[str, Any], natural: Mapping[str, Any], elbo: Any) -> Any:
+    """A :class:`~blrppl.ModelError` when the fit diverged, naming the collapsing site, else None.
+
+    An ELBO that grows without bound (to +inf) while a q collapses to a point
+    means the likelihood is unbounded there: the posterior is improper (a
+    scale collapsing onto identical observations, an improper prior the
+    data do not identify). A run that ended with a q or an ELBO that is not
+    finite for another reason is reported too, never returned.
+    """
+    elbo = jnp.asarray(elbo)
+    finite_q = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(natural))
+    collapsed = collapsed_sites(qs, natural)
+    grows = bool(elbo.size) and bool(jnp.isposinf(elbo[-1]) | (elbo[-1] > 1e100))
+    if grows or (collapsed and not bool(jnp.all(jnp.isfinite(elbo)))):
+        site = collapsed[0] if collapsed else next(iter(qs))
+        return ModelError(
+            f"site {site!r}: the ELBO grows without bound as q of {site!r} collapses to a point, so the "
+            "posterior is improper (the likelihood is unbounded there: e.g. a scale with identical "
+            "observations under a prior that stays positive at zero, such as HalfNormal or HalfCauchy, or "
+            "an improper prior the data do not identify); check the data, or give the site a prior that "
+            "vanishes at the boundary (e.g. a Gamma prior on a precision)."
+        )
+    if not finite_q or (bool(elbo.size) and not bool(jnp.isfinite(elbo[-1]))):
+        bad = [v for v in qs if not all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(natural[v]))]
+        site = (bad or collapsed or list(qs))[0]
+        return ModelError(
+            f"site {site!r}: the fit ended with {'q' if bad else 'an ELBO'} that is not finite: a factor's "
+            "expected log density diverges under q (a Monte Carlo draw outside the support, an improper or "
+            "unbounded factor); check the model and data, start the site elsewhere (init=...), or use a "
+            "deterministic estimator (estimator='quadrature' or 'delta')."
+        )
+    return None

@@ -65,18 +65,11 @@ def finite_state(state: Any, elbo: jax.Array) -> bool:
 
 
 def best_restart(states: Any, elbo: jax.Array, num_run: list[int]) -> tuple[int, list[bool]]:
-    """The restart with the highest final ELBO among the finite ones, and which are finite.
-
-    Raises:
-      FloatingPointError: when no restart ended finite.
-    """
+    """The restart with the highest final ELBO among the finite ones (-1: none), and which are finite."""
     finite = []
     for c, n in enumerate(num_run):
         finite.append(finite_state(jax.tree.map(lambda a: a[c], states), elbo[c, :n]))
     if not any(finite):
-        raise FloatingPointError(
-            "every restart ended with a q or ELBO that is not finite: a factor's expected log "
-            "density diverges under q; check the model's priors and data, or start elsewhere (init=...)."
-        )
+        return -1, finite
     finals = jnp.asarray([elbo[c, n - 1] if ok else -jnp.inf for c, (n, ok) in enumerate(zip(num_run, finite))])
     return int(jnp.argmax(finals)), finite

@@ -17,12 +17,13 @@ import jax.numpy as jnp
 
 from blrppl.blr import driver
 from blrppl.blr.build import build_blr
-from blrppl.blr.checks import boundary_estimates
+from blrppl.blr.checks import boundary_estimates, improper_posterior_error
 from blrppl.blr.config import Config
 from blrppl.blr.plan import Plan, make_plan
-from blrppl.blr.restarts import best_restart, finite_state, restart_keys
+from blrppl.blr.restarts import best_restart, restart_keys
 from blrppl.blr.starts import check_start
 from blrppl.blr.state import InferenceAlgorithm
+from blrppl.errors import ModelError
 from blrppl.results import BLRResult, Convergence, Restarts
 from blrppl.saving import load
 
@@ -109,7 +110,7 @@ class Engine:
         state, elbo, stopped = driver.run(
             algorithm, rng_key, num_steps, plan.arrays, init_state=init_state, tol=tol, progress_bar=progress_bar
         )
-        check_finite(state, elbo)
+        check_finite(plan, state, elbo)
         convergence = Convergence.of(stopped, tol, len(elbo), algorithm.noisy)
         flags = self._flags(plan, state, elbo)
         return BLRResult(plan=plan, state=state, elbo=elbo, mode=self.mode, convergence=convergence, flags=flags)
@@ -135,6 +136,9 @@ class Engine:
         )
         num_run = [int(n) for n in num_run]
         best, finite = best_restart(states, elbo, num_run)
+        if best < 0:  # every restart diverged: say why, for the first
+            check_finite(plan, jax.tree.map(lambda a: a[0], states), elbo[0, : num_run[0]])
+            raise ModelError(f"site {next(iter(plan.qs))!r}: every restart diverged; check the model and data.")
         state = jax.tree.map(lambda a: a[best], states)
         restarts = Restarts(
             state=states, elbo=elbo, num_steps=jnp.asarray(num_run), best=best, finite=jnp.asarray(finite)
@@ -159,23 +163,12 @@ class Engine:
         return result.guide()
 
 
-def check_finite(state: Any, elbo: jax.Array) -> None:
-    """An unrecoverable run (q or the ELBO not finite) is an error that says what happened.
+def check_finite(plan: Plan, state: Any, elbo: jax.Array) -> None:
+    """A run that diverged (q or the ELBO not finite, an ELBO without bound) is an error.
 
     Raises:
-      FloatingPointError: naming the variable whose q is not finite.
+      ModelError: naming the site (see :func:`blrppl.blr.checks.improper_posterior_error`).
     """
-    if finite_state(state, elbo):
-        return
-    for v, natural in state.natural.items():
-        if not all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(natural)):
-            raise FloatingPointError(
-                f"site {v!r}: q's natural parameters are not finite after the run although every "
-                "step was checked; the model's log density is probably not finite at q's starting "
-                "point. Start elsewhere (init=...) or check the model."
-            )
-    raise FloatingPointError(
-        "the ELBO is not finite after the run: a factor's expected log density diverges "
-        "under q (a Monte Carlo draw outside the support, or an improper factor); use a smaller "
-        "learning_rate or more num_samples."
-    )
+    error = improper_posterior_error(plan.qs, state.natural, elbo)
+    if error is not None:
+        raise error
