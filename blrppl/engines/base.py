@@ -78,7 +78,7 @@ class Engine:
         progress_bar: bool = True,
         init_state: Any = None,
         tol: Optional[float] = None,
-        num_restarts: int = 1,
+        num_restarts: Optional[int] = None,
         **model_kwargs: Any,
     ) -> BLRResult:
         """Fit q to the model's posterior; see ``shared/API.md``.
@@ -92,15 +92,20 @@ class Engine:
             ``result.restarts.state``); its random stream continues.
           tol: stop once the ELBO changes by less than ``tol`` in one step.
           num_restarts: fit from this many starts in one vmapped run; the
-            result is the restart with the highest ELBO and keeps them all
-            in ``result.restarts`` (see :mod:`blrppl.blr.restarts`).
+            result is the restart with the highest ELBO, keeps them all in
+            ``result.restarts`` (see :mod:`blrppl.blr.restarts`) and says in
+            ``result.flags`` when they ended in different optima. None (the
+            default): ``DEFAULT_RESTARTS`` for models whose posterior is
+            typically multimodal (discrete latents, mixtures), else 1.
 
         Returns:
           A :class:`~blrppl.results.BLRResult`.
         """
+        plan = self.plan(*model_args, **model_kwargs)
+        if num_restarts is None:
+            num_restarts = 1 if init_state is not None else default_restarts(plan)
         if int(num_restarts) != num_restarts or num_restarts < 1:
             raise ValueError(f"num_restarts must be a positive integer, got {num_restarts}.")
-        plan = self.plan(*model_args, **model_kwargs)
         if num_restarts > 1:
             return self._run_restarts(plan, rng_key, num_steps, int(num_restarts), init_state, tol, progress_bar)
         algorithm = self.build(plan)
@@ -144,9 +149,10 @@ class Engine:
             state=states, elbo=elbo, num_steps=jnp.asarray(num_run), best=best, finite=jnp.asarray(finite)
         )
         convergence = Convergence.of(bool(stopped[best]), tol, num_run[best], algorithm.noisy)
+        flags = self._flags(plan, state, elbo[best, : num_run[best]]) + disagreement(elbo, num_run, finite)
         return BLRResult(
             plan=plan, state=state, elbo=elbo[best, : num_run[best]], mode=self.mode, restarts=restarts,
-            convergence=convergence, flags=self._flags(plan, state, elbo[best, : num_run[best]]),
+            convergence=convergence, flags=flags,
         )
 
     def load(self, path: Any, *model_args: Any, **model_kwargs: Any) -> BLRResult:
@@ -161,6 +167,28 @@ class Engine:
     def guide(self, result: BLRResult) -> Callable:
         """A NumPyro guide that samples from the fitted q (for ``Predictive``)."""
         return result.guide()
+
+
+DEFAULT_RESTARTS = 4
+"""Restarts by default for models with discrete latents (mixtures, HMMs): one vmapped run."""
+
+
+def default_restarts(plan: Plan) -> int:
+    """``DEFAULT_RESTARTS`` where the posterior is typically multimodal (discrete latents), else 1."""
+    multimodal = any(q.family.index_valued or q.family.kind == "bernoulli" for q in plan.qs.values())
+    return DEFAULT_RESTARTS if multimodal and plan.subsample is None else 1
+
+
+def disagreement(elbo: jax.Array, num_run: list[int], finite: list[bool], slack: float = 1.0) -> tuple[str, ...]:
+    """A flag when the finite restarts ended more than ``slack`` nats apart (several optima)."""
+    finals = [float(elbo[c, n - 1]) for c, (n, ok) in enumerate(zip(num_run, finite)) if ok]
+    if len(finals) < 2 or max(finals) - min(finals) <= slack * (1.0 + 1e-6 * abs(max(finals))):
+        return ()
+    ends = ", ".join(f"{f:.6g}" for f in sorted(finals, reverse=True))
+    return (
+        f"restarts ended in different optima (final ELBOs {ends}): the posterior is multimodal or some runs "
+        "had not converged; the best is reported; run longer or with more restarts (num_restarts=...) to be sure",
+    )
 
 
 def check_finite(plan: Plan, state: Any, elbo: jax.Array) -> None:

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.special import digamma
 
+from blrppl.estimators.base import var_info
 from blrppl.symbolic.analysis import analyse
 from blrppl.symbolic.expectation import VarInfo, expected_value
 
