@@ -92,3 +92,54 @@ def test_nonconjugate_vi_in_float32_is_finite_and_close_to_float64():
             # Deterministic fits agree to float32 rounding; Monte Carlo blocks to their noise.
             tol = 0.15 if "blocks" in kw else 1e-3
             assert np.all(np.abs(np.asarray(got["means"][site]) - np.asarray(dist_.mean).ravel()) <= tol * sd), (name, site)
+
+
+TOL_SCRIPT = """
+import json, jax, jax.numpy as jnp, numpy as np, numpyro, numpyro.distributions as dist
+import blrppl
+from models import ZOO
+
+
+def quickstart(y=None):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    tau = numpyro.sample("tau", dist.Gamma(1.0, 1.0))
+    with numpyro.plate("N", 50):
+        numpyro.sample("y", dist.Normal(mu, 1.0 / jnp.sqrt(tau)), obs=y)
+
+
+out = {}
+y = 1.5 + 0.8 * jax.random.normal(jax.random.key(1), (50,))
+r = blrppl.VMP(quickstart).run(jax.random.key(0), 100, y=y, tol=1e-6, progress_bar=False)
+out["quickstart"] = [len(r.elbo), bool(r.converged), float(r.posterior["mu"].mean), float(r.posterior["tau"].mean)]
+entry = ZOO["gaussian_mixture"]
+args, kwargs = entry.data()
+r = blrppl.VMP(entry.model).run(jax.random.key(0), 2000, *args, tol=1e-6, progress_bar=False, num_restarts=1, **kwargs)
+out["mixture"] = [len(r.elbo), bool(r.converged), float(r.elbo[-1])]
+print(json.dumps(out))
+"""
+
+
+def test_tol_stops_float32_runs_with_float64_answers():
+    """Convergence is relative to the ELBO's scale, so float32 rounding does not keep runs going."""
+    out = json.loads(run_in_float32(TOL_SCRIPT).strip().splitlines()[-1])
+    steps, converged, mu, tau = out["quickstart"]
+    assert converged and steps < 100
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+
+    def quickstart(y=None):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+        tau = numpyro.sample("tau", dist.Gamma(1.0, 1.0))
+        with numpyro.plate("N", 50):
+            numpyro.sample("y", dist.Normal(mu, 1.0 / jnp.sqrt(tau)), obs=y)
+
+    y = np.asarray(np.asarray(1.5 + 0.8 * jax.random.normal(jax.random.key(1), (50,), jnp.float32)), np.float64)
+    ref = blrppl.VMP(quickstart).run(jax.random.key(0), 100, y=jnp.asarray(y), tol=1e-12, progress_bar=False)
+    np.testing.assert_allclose([mu, tau], [float(ref.posterior["mu"].mean), float(ref.posterior["tau"].mean)], rtol=1e-4)
+    steps, converged, elbo = out["mixture"]
+    assert converged and steps < 2000
+    entry = ZOO["gaussian_mixture"]
+    args, kwargs = entry.data()
+    ref = blrppl.VMP(entry.model).run(jax.random.key(0), 2000, *args, tol=1e-12, progress_bar=False, num_restarts=1, **kwargs)
+    np.testing.assert_allclose(elbo, float(ref.elbo[-1]), rtol=1e-4)
