@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 from models import (
+    annotation,
     ar1,
     beta_bernoulli,
     eight_schools_centered,
@@ -70,6 +71,7 @@ ZOO: dict[str, ZooModel] = {
         ("stochastic_volatility", stochastic_volatility),
         ("logistic_regression", logistic_regression),
         ("poisson_regression", poisson_regression),
+        ("annotation", annotation),
     ]
 }
 

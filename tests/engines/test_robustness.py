@@ -81,3 +81,15 @@ def test_identical_observations_under_a_gamma_precision_give_the_proper_posterio
     var_mu = 1.0 / (10 * e_tau + 0.01)
     np.testing.assert_allclose(e_tau, 6.0 / (1.0 + 5.0 * var_mu), rtol=1e-8)
     np.testing.assert_allclose(result.posterior["mu"].variance, var_mu, rtol=1e-8)
+
+
+def test_multimodal_models_start_from_several_points_by_default(rng_key):
+    """numpyro's annotation (multinomial) model: one start ends with a class empty (ELBO -248.4)."""
+    from models import annotation
+
+    args, _ = annotation.data()
+    single = blrppl.VMP(annotation.model).run(rng_key, 500, *args, progress_bar=False, tol=1e-10, num_restarts=1)
+    default = blrppl.VMP(annotation.model).run(rng_key, 500, *args, progress_bar=False, tol=1e-10)
+    assert default.num_restarts > 1
+    assert float(single.elbo[-1]) < -248.0 and float(default.elbo[-1]) > -244.9
+    assert any("different optima" in flag for flag in default.flags)
