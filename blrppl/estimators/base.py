@@ -122,8 +122,10 @@ def var_info(q: Any) -> VarInfo:
 
 def example_latents(graph: FactorGraph) -> dict[str, jax.Array]:
     """A fixed value in the support of every latent variable (chains joined)."""
-    trace = run_model(graph.model, graph.model_args, graph.model_kwargs, placeholders=True).trace
-    values = {name: site["value"] for name, site in trace.items() if site["type"] == "sample"}
+    values = graph.site_values
+    if not values:  # a graph built by hand: run the model once
+        trace = run_model(graph.model, graph.model_args, graph.model_kwargs, placeholders=True).trace
+        values = {name: site["value"] for name, site in trace.items() if site["type"] == "sample"}
     out = {}
     for name, node in graph.variables.items():
         if node.members:

@@ -171,7 +171,11 @@ class DeterministicNode:
 
 @dataclasses.dataclass(frozen=True)
 class FactorGraph:
-    """A NumPyro model as a bipartite factor graph (see ``blrppl.trace``)."""
+    """A NumPyro model as a bipartite factor graph (see ``blrppl.trace``).
+
+    ``site_values`` holds every sample site's value in the tracing run
+    (latents at a fixed point of their support, observations as given).
+    """
 
     variables: dict[str, VariableNode]
     factors: dict[str, FactorNode]
@@ -181,6 +185,7 @@ class FactorGraph:
     model: Callable
     model_args: tuple
     model_kwargs: dict
+    site_values: dict = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def data(self) -> Any:

@@ -167,6 +167,7 @@ def build_graph(
         model=model,
         model_args=model_args,
         model_kwargs=model_kwargs,
+        site_values={n: s["value"] for n, s in tr.items() if s["type"] == "sample"},
     )
 
 
