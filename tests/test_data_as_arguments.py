@@ -56,4 +56,5 @@ def test_second_run_on_new_data_equals_a_fresh_fit(name, engine_cls, options, rn
     for a, b in zip(jax.tree.leaves(reused.natural_params), jax.tree.leaves(fresh.natural_params)):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
     if not reused.plan.data_static and not any(e.closed_data for e in reused.plan.estimators):
-        assert len(engine._algorithms) == 1, "new data of the same shapes compiled a new algorithm"
+        signatures = {key[0] for key in engine._algorithms}
+        assert len(signatures) == 1, "new data of the same shapes compiled a new algorithm"

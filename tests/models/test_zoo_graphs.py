@@ -89,6 +89,20 @@ EXPECTED = {
         plates={"K": (2, 2)},
         chains={"z": (("z0", "z"), 61, "scan")},
     ),
+    "annotation": Expected(
+        variables={
+            "zeta": ("Dirichlet", (4, 4), ("class",)),
+            "pi": ("Dirichlet", (4,), ()),
+            "c": ("Categorical", (45, 1), ("item",)),
+        },
+        factors={
+            "zeta": ("prior", ("zeta",), ("class",)),
+            "pi": ("prior", ("pi",), ()),
+            "c": ("prior", ("c", "pi"), ("item",)),
+            "y": ("likelihood", ("zeta", "c"), ("item", "position")),
+        },
+        plates={"class": (4, 4), "item": (45, 45), "position": (7, 7)},
+    ),
     "eight_schools_centered": Expected(
         variables={
             "mu": ("Normal", (), ()),
