@@ -16,6 +16,9 @@ from blrppl.graph import FactorGraph
 from blrppl.tracing import trace
 from blrppl.results import BLRResult
 from blrppl.saving import load
+from blrppl.compilation_cache import enable_compilation_cache, enable_from_environment
+
+enable_from_environment()
 
 __version__ = "0.1.0"
 
@@ -31,6 +34,7 @@ __all__ = [
     "SVI",
     "VMP",
     "__version__",
+    "enable_compilation_cache",
     "load",
     "trace",
 ]

@@ -73,14 +73,16 @@ def test_identical_observations_under_a_gamma_precision_give_the_proper_posterio
         with numpyro.plate("N", y.shape[0]):
             numpyro.sample("y", dist.Normal(mu, 1.0 / jnp.sqrt(tau)), obs=y)
 
-    result = blrppl.VMP(model).run(rng_key, 500, y=jnp.full(10, 2.0), progress_bar=False, tol=1e-12)
+    result = blrppl.VMP(model).run(rng_key, 500, y=jnp.full(10, 2.0), progress_bar=False, tol=1e-14)
     assert result.converged
-    # The mean-field fixed point in closed form: q(tau) = Gamma(1 + n/2, 1 + n Var_q(mu) / 2),
-    # q(mu) = N(n E[tau] y / (n E[tau] + 0.01), 1 / (n E[tau] + 0.01)).
+    # The mean-field fixed point in closed form: q(mu) = N(m, v) with v = 1 / (n E[tau] + 0.01),
+    # m = n E[tau] y v, and q(tau) = Gamma(1 + n/2, 1 + n ((y - m)^2 + v) / 2).
     e_tau = float(result.posterior["tau"].mean)
     var_mu = 1.0 / (10 * e_tau + 0.01)
-    np.testing.assert_allclose(e_tau, 6.0 / (1.0 + 5.0 * var_mu), rtol=1e-8)
+    mean_mu = 10 * e_tau * 2.0 * var_mu
+    np.testing.assert_allclose(e_tau, 6.0 / (1.0 + 5.0 * ((2.0 - mean_mu) ** 2 + var_mu)), rtol=1e-8)
     np.testing.assert_allclose(result.posterior["mu"].variance, var_mu, rtol=1e-8)
+    np.testing.assert_allclose(result.posterior["mu"].mean, mean_mu, rtol=1e-8)
 
 
 def test_multimodal_models_start_from_several_points_by_default(rng_key):
