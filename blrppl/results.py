@@ -266,3 +266,28 @@ class BLRResult(NamedTuple):
                     numpyro.sample(site, dist.Delta(part, event_dim=jnp.ndim(part)))
 
         return guide
+
+
+class BatchResult(NamedTuple):
+    """The fits of a batch of data sets (``engine.run_batched``), one compiled run.
+
+    Attributes:
+      results: one :class:`BLRResult` per data set, in order.
+      elbo: the ELBO traces, shape ``(B, steps)`` (NaN after a fit stopped).
+      num_steps: the steps each fit ran, shape ``(B,)``.
+      stopped: whether ``tol`` stopped each fit, shape ``(B,)``.
+    """
+
+    results: tuple
+    elbo: jax.Array
+    num_steps: Any
+    stopped: Any
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __getitem__(self, index: int) -> BLRResult:
+        return self.results[index]
+
+    def __iter__(self):
+        return iter(self.results)

@@ -156,14 +156,20 @@ def _run_chunk(algorithm, arrays, state, buffer, start, stop, previous, hits, th
     return jax.lax.while_loop(cond, body, (start, state, buffer, previous, hits))
 
 
-def init_restarts(algorithm: InferenceAlgorithm, rng_keys: jax.Array, arrays: Any) -> BLRState:
-    """``init`` of every restart key, stacked (leading axis C)."""
-    return _init_many(algorithm, rng_keys, arrays)
+def init_restarts(
+    algorithm: InferenceAlgorithm, rng_keys: jax.Array, arrays: Any, *, batched_data: bool = False
+) -> BLRState:
+    """``init`` of every restart key, stacked (leading axis C).
+
+    With ``batched_data``, ``arrays`` has the same leading axis: restart c
+    starts on data set c (see :func:`run_restarts`).
+    """
+    return _init_many(algorithm, rng_keys, arrays, batched_data)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _init_many(algorithm, rng_keys, arrays):
-    return jax.vmap(lambda key: algorithm.init(key, arrays))(rng_keys)
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _init_many(algorithm, rng_keys, arrays, batched_data):
+    return jax.vmap(algorithm.init, in_axes=(0, 0 if batched_data else None))(rng_keys, arrays)
 
 
 def run_restarts(
@@ -175,6 +181,7 @@ def run_restarts(
     tol: Optional[float] = None,
     progress_bar: bool = True,
     num_updates: int = 20,
+    batched_data: bool = False,
 ) -> tuple[BLRState, jax.Array, jax.Array]:
     """Run C copies of ``algorithm`` at once: :func:`run` vmapped over restarts.
 
@@ -183,6 +190,8 @@ def run_restarts(
     same start. The loop is the same ``while_loop`` vmapped over the restart
     axis; with ``tol`` each restart stops on its own (the batched loop runs
     until the last one stops, and a stopped restart's state no longer changes).
+    With ``batched_data``, every leaf of ``arrays`` has the leading axis C
+    too and copy c fits data set c (many data sets in one compiled call).
 
     Returns:
       ``(states, elbo, num_run, converged)``: the final states (leading axis
@@ -207,7 +216,7 @@ def run_restarts(
         stopped = hits >= CONFIRMATIONS
         new_ends, states, buffer, previous, hits = _run_chunks(
             algorithm, arrays, states, buffer, jnp.asarray(end, jnp.int32), jnp.asarray(stop, jnp.int32),
-            previous, hits, threshold,
+            previous, hits, threshold, batched_data,
         )
         done = hits >= CONFIRMATIONS
         ends = jnp.where(stopped, ends, new_ends)  # a restart stopped earlier keeps its end
@@ -223,11 +232,11 @@ def run_restarts(
     return states, buffer[:, :end], ends, hits >= CONFIRMATIONS
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _run_chunks(algorithm, arrays, states, buffers, start, stop, previous, hits, threshold):
-    """:func:`_run_chunk` vmapped over restarts (shared bounds, tolerance and data)."""
+@functools.partial(jax.jit, static_argnums=(0, 9))
+def _run_chunks(algorithm, arrays, states, buffers, start, stop, previous, hits, threshold, batched_data):
+    """:func:`_run_chunk` vmapped over restarts (shared bounds and tolerance; data shared or batched)."""
 
-    def one(state, buffer, previous, hits):
+    def one(arrays, state, buffer, previous, hits):
         return _run_chunk(algorithm, arrays, state, buffer, start, stop, previous, hits, threshold)
 
-    return jax.vmap(one)(states, buffers, previous, hits)
+    return jax.vmap(one, in_axes=(0 if batched_data else None, 0, 0, 0, 0))(arrays, states, buffers, previous, hits)

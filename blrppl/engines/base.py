@@ -24,7 +24,8 @@ from blrppl.blr.restarts import best_restart, restart_keys
 from blrppl.blr.starts import check_start
 from blrppl.blr.state import InferenceAlgorithm
 from blrppl.errors import ModelError
-from blrppl.results import BLRResult, Convergence, Restarts
+from blrppl.engines.batch import run_batched
+from blrppl.results import BatchResult, BLRResult, Convergence, Restarts
 from blrppl.saving import load
 
 
@@ -154,6 +155,27 @@ class Engine:
             plan=plan, state=state, elbo=elbo[best, : num_run[best]], mode=self.mode, restarts=restarts,
             convergence=convergence, flags=flags,
         )
+
+    def run_batched(
+        self,
+        rng_key: jax.Array,
+        num_steps: int,
+        *model_args: Any,
+        tol: Optional[float] = None,
+        progress_bar: bool = False,
+        **model_kwargs: Any,
+    ) -> BatchResult:
+        """Fit B data sets in one compiled, vmapped run (see :mod:`blrppl.engines.batch`).
+
+        Every array argument carries a leading axis B (broadcast shared arrays);
+        data set i runs with key ``fold_in(rng_key, i)`` (data set 0 with
+        ``rng_key``) from one start, and stops on its own with ``tol``.
+
+        Returns:
+          A :class:`~blrppl.results.BatchResult`: ``result[i]`` is data set i's
+          :class:`~blrppl.results.BLRResult`.
+        """
+        return run_batched(self, rng_key, num_steps, model_args, model_kwargs, tol=tol, progress_bar=progress_bar)
 
     def load(self, path: Any, *model_args: Any, **model_kwargs: Any) -> BLRResult:
         """A result saved with ``result.save(path)``, for this engine, model and data.

@@ -91,7 +91,7 @@ def build_graph(
     model_args = tuple(model_args)
     model_kwargs = dict(model_kwargs or {})
     families = dict(families or {})
-    tr, user_fixed = run_model(model, model_args, model_kwargs, placeholders=True)
+    tr, user_fixed = run_model(model, model_args, model_kwargs, placeholders=True, validate=True)
 
     latents = [
         n

@@ -1,0 +1,131 @@
+"""A user's time: the whole first call, a second call on new data, and the steady state.
+
+Run from the repository root::
+
+    python benchmarks/first_call.py [--models a,b,...] [--datasets 1000]
+
+For each zoo model (with the engine given below) it prints
+
+- first call: ``engine.run`` in a fresh engine (tracing, analysis,
+  compilation and the fit), after JAX's own start-up;
+- second call: ``engine.run`` of the same engine on new data of the same
+  shapes (planned again on the host, no compilation);
+- steady state: the compiled fit alone on the same arrays;
+- the host planning time (trace + analysis) that the second call pays.
+
+Then it fits ``--datasets`` simulated data sets of the normal mean-precision
+model in one ``run_batched`` call and compares with one ``run`` per data set
+(timed on 20, scaled). Ratios are of times measured in this run; load the
+machine as little as possible while it runs. Not part of the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import blrppl  # noqa: E402
+from benchmarks._timing import table  # noqa: E402
+from blrppl.blr import driver  # noqa: E402
+from models import ZOO  # noqa: E402
+
+ENGINES = {
+    "beta_bernoulli": blrppl.ConjugateBayes,
+    "normal_mean_precision": blrppl.VMP,
+    "linear_regression": blrppl.VMP,
+    "gaussian_mixture": blrppl.VMP,
+    "hmm": blrppl.VMP,
+    "nile": blrppl.EM,
+    "eight_schools_noncentered": blrppl.NonConjugateVI,
+    "logistic_regression": blrppl.NonConjugateVI,
+    "radon": blrppl.NonConjugateVI,
+}
+STEPS = 200
+
+
+def perturbed(tree, seed):
+    rng = np.random.default_rng(seed)
+
+    def move(leaf):
+        if isinstance(leaf, (np.ndarray, jax.Array)) and jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.floating):
+            a = np.asarray(leaf)
+            if set(np.unique(a)) <= {0.0, 1.0}:
+                return jnp.asarray(np.where(rng.random(a.shape) < 0.1, 1.0 - a, a), a.dtype)
+            return jnp.asarray(a + 0.05 * np.std(a) * rng.normal(size=a.shape), a.dtype)
+        return leaf
+
+    return jax.tree.map(move, tree)
+
+
+def clock(fn):
+    start = time.perf_counter()
+    out = fn()
+    jax.block_until_ready(jax.tree.leaves(out))
+    return time.perf_counter() - start, out
+
+
+def first_calls(names):
+    rows = []
+    key = jax.random.key(0)
+    for name in names:
+        entry, engine_cls = ZOO[name], ENGINES[name]
+        args, kwargs = entry.data()
+        engine = engine_cls(entry.model)
+        first, result = clock(lambda: engine.run(key, STEPS, *args, progress_bar=False, tol=1e-8, **kwargs))
+        new_args, new_kwargs = perturbed((args, kwargs), 1)
+        second, _ = clock(lambda: engine.run(key, STEPS, *new_args, progress_bar=False, tol=1e-8, **new_kwargs))
+        plan_time, plan = clock(lambda: engine.plan(*new_args, **new_kwargs))
+        algorithm = engine.build(plan)
+        steps = len(result.elbo)
+        driver.run(algorithm, key, steps, plan.arrays, progress_bar=False)
+        steady = min(clock(lambda: driver.run(algorithm, key, steps, plan.arrays, progress_bar=False))[0] for _ in range(3))
+        rows.append(
+            (name, engine_cls.__name__, steps, f"{first:.2f} s", f"{second * 1e3:.0f} ms", f"{plan_time * 1e3:.0f} ms",
+             f"{steady * 1e3:.1f} ms", f"{second / steady:.1f}x")
+        )
+    print(table(rows, ("model", "engine", "steps", "first call", "second call", "of which planning", "steady state",
+                       "second / steady")))
+
+
+def many_datasets(num_datasets):
+    entry = ZOO["normal_mean_precision"]
+    args, kwargs = entry.data()
+    rng = np.random.default_rng(0)
+    ys = np.stack([rng.normal(rng.normal(), 1.0 + rng.random(), size=np.shape(kwargs["y"])) for _ in range(num_datasets)])
+    engine = blrppl.VMP(entry.model)
+    engine.run(jax.random.key(0), STEPS, *args, progress_bar=False, tol=1e-8, y=ys[0])  # compile the single fit
+    sample = min(20, num_datasets)
+    singles, _ = clock(lambda: [engine.run(jax.random.key(i), STEPS, *args, progress_bar=False, tol=1e-8, y=ys[i])
+                                for i in range(sample)])
+    batched, batch = clock(lambda: engine.run_batched(jax.random.key(0), STEPS, *args, tol=1e-8, y=ys))
+    print(
+        f"\n{num_datasets} data sets of normal_mean_precision (VMP, tol 1e-8): run_batched {batched:.1f} s in one call "
+        f"(compilation included; {int(np.sum(batch.stopped))} converged), one run per data set "
+        f"{singles / sample * num_datasets:.1f} s (from {sample}), ratio {singles / sample * num_datasets / batched:.1f}x"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(ENGINES))
+    parser.add_argument("--datasets", type=int, default=1000)
+    options = parser.parse_args()
+    jax.config.update("jax_enable_x64", True)
+    jnp.ones(3).block_until_ready()  # JAX's own start-up, not ours
+    print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    first_calls(options.models.split(","))
+    if options.datasets:
+        many_datasets(options.datasets)
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Many data sets in one compiled call (cross-validation, bootstrap, calibration).
+
+Every array argument of the model carries a leading batch axis B. Each data
+set is planned (traced and analysed) on the host; data sets whose plans share
+one signature (the same structure, shapes and dtypes: usually all of them;
+a Bernoulli data set of all zeros, say, can drop a term) have their arrays
+stacked, so one compiled loop, :func:`blrppl.blr.driver.run_restarts` with
+``batched_data``, fits them all at once, each with its own q, random stream,
+ELBO trace and stopping step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from blrppl.blr import driver
+from blrppl.blr.restarts import restart_keys
+from blrppl.errors import ModelError
+from blrppl.graph.data import split_model_data
+from blrppl.results import BatchResult, BLRResult, Convergence
+
+
+def batch_size(model_args: tuple, model_kwargs: dict) -> int:
+    """The common leading axis of the array arguments.
+
+    Raises:
+      ModelError: when there is no array argument or their leading axes differ.
+    """
+    data = split_model_data(model_args, model_kwargs)
+    sizes = {int(np.shape(a)[0]) if np.ndim(a) else None for a in data.arrays}
+    if not data.arrays or None in sizes or len(sizes) != 1:
+        shapes = [tuple(np.shape(a)) for a in data.arrays]
+        raise ModelError(
+            f"site 'data': run_batched needs every array argument with the same leading batch axis; got shapes "
+            f"{shapes}; stack the data sets on a new first axis (np.stack), broadcasting shared arrays "
+            "(np.broadcast_to)."
+        )
+    return sizes.pop()
+
+
+def data_set(model_args: tuple, model_kwargs: dict, index: int) -> tuple[tuple, dict]:
+    """Data set ``index`` of a batch: every array argument indexed on its first axis."""
+    data = split_model_data(model_args, model_kwargs)
+    return data.rebuild([np.asarray(a)[index] for a in data.arrays])
+
+
+def run_batched(
+    engine: Any,
+    rng_key: jax.Array,
+    num_steps: int,
+    model_args: tuple,
+    model_kwargs: dict,
+    *,
+    tol: Any = None,
+    progress_bar: bool = False,
+) -> BatchResult:
+    """Fit every data set of a batch with ``engine`` in one compiled, vmapped run."""
+    size = batch_size(model_args, model_kwargs)
+    plans = [engine.plan(*args, **kwargs) for args, kwargs in (data_set(model_args, model_kwargs, i) for i in range(size))]
+    groups: dict = {}
+    for i, plan in enumerate(plans):
+        groups.setdefault(plan.signature, []).append(i)
+    keys = restart_keys(rng_key, size)
+    results: list = [None] * size
+    elbo = np.full((size, 0), np.nan)
+    num_run, stopped = np.zeros(size, int), np.zeros(size, bool)
+    for members in groups.values():
+        fits = _run_group(engine, [plans[i] for i in members], keys[np.asarray(members)], num_steps, tol, progress_bar)
+        for i, (result, trace, steps, stop) in zip(members, fits):
+            results[i] = result
+            if trace.shape[0] > elbo.shape[1]:
+                elbo = np.pad(elbo, ((0, 0), (0, trace.shape[0] - elbo.shape[1])), constant_values=np.nan)
+            elbo[i, : trace.shape[0]] = trace
+            num_run[i], stopped[i] = steps, stop
+    return BatchResult(results=tuple(results), elbo=jnp.asarray(elbo), num_steps=num_run, stopped=stopped)
+
+
+def _run_group(engine, plans, keys, num_steps, tol, progress_bar) -> list:
+    """Data sets whose plans share one signature: one compiled, vmapped run."""
+    first = plans[0]
+    if first.data_static or any(est.closed_data for est in first.estimators):
+        raise ModelError(
+            f"site {next(iter(first.qs), 'model')!r}: the model needs concrete data values while it runs, so "
+            "its data are constants of the compiled fit and cannot be batched; fit the data sets one by one."
+        )
+    if first.subsample is not None:
+        raise ModelError(
+            f"site {first.subsample.plate.name!r}: minibatch fits cannot be batched over data sets; fit them one by one."
+        )
+    arrays = jax.tree.map(lambda *leaves: jnp.stack([jnp.asarray(x) for x in leaves]), *[p.arrays for p in plans])
+    algorithm = engine.build(first)
+    states = driver.init_restarts(algorithm, keys, arrays, batched_data=True)
+    states, elbo, num_run, stopped = driver.run_restarts(
+        algorithm, num_steps, arrays, states, tol=tol, progress_bar=progress_bar, batched_data=True
+    )
+    out = []
+    for i, plan in enumerate(plans):
+        n = int(num_run[i])
+        result = BLRResult(
+            plan=plan,
+            state=jax.tree.map(lambda a, i=i: a[i], states),
+            elbo=elbo[i, :n],
+            mode=engine.mode,
+            convergence=Convergence.of(bool(stopped[i]), tol, n, algorithm.noisy),
+        )
+        out.append((result, np.asarray(elbo[i]), n, bool(stopped[i])))
+    return out

@@ -1,0 +1,79 @@
+"""Many data sets in one compiled fit, and simulation-based calibration on top of it.
+
+``ConjugateBayes`` is the exact posterior on truly conjugate models, so the
+ranks of the true parameters among draws from q are uniform (a chi-square
+test at a fixed seed); the batched fit of each data set equals its own run.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+
+import blrppl
+from blrppl.calibration import Calibration, simulation_based_calibration
+from models import ZOO
+
+
+def normal_known_variance(num_obs=10, *, y=None):
+    mu = numpyro.sample("mu", dist.Normal(1.0, 2.0))
+    with numpyro.plate("N", num_obs):
+        numpyro.sample("y", dist.Normal(mu, 0.7), obs=y)
+
+
+def ridge(X, *, y=None):
+    beta = numpyro.sample("beta", dist.Normal(jnp.zeros(X.shape[1]), 1.0).to_event(1))
+    with numpyro.plate("N", X.shape[0]):
+        numpyro.sample("y", dist.Normal(X @ beta, 0.5), obs=y)
+
+
+def test_a_batched_fit_equals_each_data_set_fitted_alone(rng_key):
+    entry = ZOO["normal_mean_precision"]
+    args, kwargs = entry.data()
+    rng = np.random.default_rng(0)
+    ys = np.stack([np.asarray(kwargs["y"]) + rng.normal(size=np.shape(kwargs["y"])) for _ in range(6)])
+    engine = blrppl.VMP(entry.model)
+    batch = engine.run_batched(rng_key, 300, *args, tol=1e-10, y=ys)
+    assert len(batch) == 6 and batch.elbo.shape[0] == 6
+    for i in (0, 4):
+        key = rng_key if i == 0 else jax.random.fold_in(rng_key, i)
+        alone = engine.run(key, 300, *args, tol=1e-10, progress_bar=False, y=ys[i])
+        np.testing.assert_allclose(batch[i].elbo, alone.elbo, rtol=1e-12)
+        np.testing.assert_allclose(batch[i].posterior["mu"].mean, alone.posterior["mu"].mean, rtol=1e-12)
+        assert bool(batch[i].converged) and int(batch.num_steps[i]) == len(alone.elbo)
+
+
+def test_batches_need_a_common_leading_axis(rng_key):
+    entry = ZOO["linear_regression"]
+    (X,), kwargs = entry.data()
+    with pytest.raises(blrppl.ModelError, match="leading batch axis"):
+        blrppl.VMP(entry.model).run_batched(rng_key, 5, X, y=np.stack([kwargs["y"]] * 3))
+
+
+@pytest.mark.parametrize(
+    "model, args, kwargs",
+    [
+        (ZOO["beta_bernoulli"].model, (20,), {}),
+        (normal_known_variance, (), {"num_obs": 10}),
+        (ridge, (np.random.default_rng(1).normal(size=(15, 3)),), {}),
+    ],
+    ids=["beta_bernoulli", "normal_known_variance", "ridge"],
+)
+def test_exact_posteriors_are_calibrated(model, args, kwargs, rng_key):
+    calibration = simulation_based_calibration(
+        blrppl.ConjugateBayes(model), rng_key, 100, *args, observed=("y",), num_steps=5, **kwargs
+    )
+    for site, ranks in calibration.ranks.items():
+        assert ranks.shape[0] == 100 and ranks.min() >= 0 and ranks.max() <= calibration.num_draws
+    pvalues = calibration.chi_square()
+    assert min(pvalues.values()) > 0.01, pvalues
+
+
+def test_the_chi_square_test_detects_miscalibration():
+    rng = np.random.default_rng(0)
+    too_narrow = np.where(rng.random(200) < 0.5, rng.integers(0, 5, 200), rng.integers(95, 100, 200))
+    uniform = rng.integers(0, 100, 200)
+    p = Calibration({"narrow": too_narrow, "fine": uniform}, 99, None).chi_square()
+    assert p["narrow"] < 1e-10 and p["fine"] > 0.01
