@@ -222,7 +222,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         local_axes = sub.local_axes if sub is not None else {}
         return elbo_terms(
             rng_key, qs, estimators, state.natural, state.params, arrays, batch, plate_factors, local_axes, scale,
-            skip=plan.imputed,
+            skip=plan.imputed, rows=plan.orphans,
         )
 
     return InferenceAlgorithm(init=init, step=step, elbo=lambda k, s, a: elbo(k, s, a), noisy=average)

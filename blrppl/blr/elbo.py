@@ -27,6 +27,7 @@ def elbo_terms(
     local_axes: Optional[Mapping[str, int]] = None,
     scale: float = 1.0,
     skip: frozenset = frozenset(),
+    rows: Optional[Mapping[str, Any]] = None,
 ) -> jax.Array:
     """ELBO = Σ_f E_q[log f] + Σ_v H[q_v].
 
@@ -40,7 +41,10 @@ def elbo_terms(
     ``scale`` = N / M: an unbiased estimate of the ELBO. Variables in
     ``skip`` (integrated-out missing data) leave out their own prior factor
     and their entropy: together they contribute nothing to the evidence.
+    ``rows`` (variable -> boolean mask of its batch shape) keeps only those
+    rows' entropies (orphan rows are integrated out, :mod:`blrppl.blr.orphans`).
     """
+    rows = rows or {}
     local_axes = local_axes or {}
     mean = mean_params(qs, natural)
     total = jnp.zeros((), jnp.result_type(float))
@@ -56,6 +60,8 @@ def elbo_terms(
     for v, h in entropy_terms(qs, natural).items():
         if v in skip:
             continue
+        if v in rows:
+            h = jnp.where(jnp.asarray(rows[v]), h, 0.0)
         if batch is not None and v in local_axes:
             total = total + scale * jnp.sum(jnp.take(h, batch, axis=local_axes[v]))
         else:

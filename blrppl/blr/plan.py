@@ -21,6 +21,7 @@ from numpyro import handlers
 from numpyro.distributions.transforms import biject_to
 
 from blrppl.blr.config import MAX_JOINT_SIZE, Config
+from blrppl.blr.orphans import integrate_orphans, masked_graph, orphan_rows
 from blrppl.blr.starts import start_arrays
 from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, PlanArrays, example_latents, q_space_examples
@@ -75,6 +76,10 @@ class Plan:
         sends no site parameter to other variables and leaves the ELBO out
         (the fit equals deleting the missing observations); their q are
         imputations (the prior given the other variables' q).
+      orphans: variable -> mask of its rows that an unmasked factor touches,
+        for plated latents with rows that none does (a mixture's assignment
+        of a masked observation); those rows are integrated out the same way
+        (:mod:`blrppl.blr.orphans`).
       start_estimators: the delta-method (Newton) estimators that start q
         near the mode before estimated site parameters take over
         (:mod:`blrppl.blr.starts`); empty when every factor is exact or an
@@ -92,6 +97,7 @@ class Plan:
     data_static: bool = False
     start_estimators: tuple = ()
     imputed: frozenset = frozenset()
+    orphans: dict = dataclasses.field(default_factory=dict)
 
     @property
     def signature(self) -> tuple:
@@ -160,6 +166,9 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
             raise
         estimators.append(estimator)
         verdicts[name] = edges
+    orphans = {} if plate is not None else orphan_rows(graph, _imputed(graph))
+    if orphans:
+        estimators = _integrate_orphans(graph, orphans, estimators, qs, examples, init_params, config)
     start_estimators = _start_estimators(graph, estimators, qs, examples, init_params, config)
     graph = with_verdicts(graph, verdicts)
     if config.posterior_in_family:
@@ -176,8 +185,20 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
     )
     return Plan(
         graph, qs, tuple(estimators), init_params, param_transforms, verdicts, subsample, arrays, data_static,
-        start_estimators, _imputed(graph),
+        start_estimators, _imputed(graph), orphans,
     )
+
+
+def _integrate_orphans(graph, orphans, estimators, qs, examples, params, config) -> list:
+    """Each orphaned variable's prior factor integrates its orphan rows out (see :mod:`blrppl.blr.orphans`)."""
+    masked = masked_graph(graph, orphans)
+    out = []
+    for est in estimators:
+        if est.factor in orphans:
+            alone, _ = choose_estimator(masked, est.factor, qs, examples, params, config.estimators, None)
+            est = integrate_orphans(est, alone, est.factor)
+        out.append(est)
+    return out
 
 
 def _imputed(graph: FactorGraph) -> frozenset:
@@ -416,6 +437,7 @@ def plan_signature(plan: Plan) -> tuple:
         nodes,
         tuple(graph.deterministics),
         tuple(sorted(plan.imputed)),
+        tuple((v, content_digest(m)) for v, m in sorted(plan.orphans.items())),
         data_key,
         params,
         subsample,

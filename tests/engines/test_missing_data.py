@@ -64,3 +64,40 @@ def test_masked_local_level_is_the_smoother_without_those_observations():
     gain = cov[:, obs] @ np.linalg.inv(cov[np.ix_(obs, obs)] + 15099.0 * np.eye(len(obs)))
     mean = nile.INITIAL_MEAN + gain @ (y[keep] - nile.INITIAL_MEAN)
     np.testing.assert_allclose(np.asarray(fit.posterior["level"].mean), mean, rtol=1e-8)
+
+
+def mixture(y=None, mask=None, obs_mask=None):
+    weights = numpyro.sample("weights", dist.Dirichlet(jnp.ones(3)))
+    with numpyro.plate("K", 3):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+        tau = numpyro.sample("tau", dist.Gamma(1.0, 1.0))
+    with numpyro.plate("N", y.shape[0]):
+        z = numpyro.sample("z", dist.Categorical(weights))
+        d = dist.Normal(mu[z], 1.0 / jnp.sqrt(tau[z]))
+        numpyro.sample("y", d if mask is None else d.mask(mask), obs=y, obs_mask=obs_mask)
+
+
+@pytest.mark.parametrize("how", ["mask", "obs_mask"])
+def test_masked_mixture_equals_deletion(how, rng_key):
+    """The assignments of masked rows are integrated out (blrppl.blr.orphans), not fitted by mean-field."""
+    from models import gaussian_mixture
+
+    _, kwargs = gaussian_mixture.data()
+    y = np.asarray(kwargs["y"])
+    keep = np.arange(len(y)) % 4 != 0
+    engine = blrppl.VMP(mixture)
+    deleted = engine.run(rng_key, 500, y=y[keep], progress_bar=False, tol=1e-12, num_restarts=1)
+    masked = engine.run(
+        rng_key, 500, y=np.where(keep, y, np.nan), progress_bar=False, tol=1e-12, num_restarts=1, **{how: keep}
+    )
+    assert set(masked.plan.orphans) == {"z"}
+    order = np.argsort(np.asarray(masked.posterior["mu"].mean))  # the same optimum, perhaps relabelled
+    reference = np.argsort(np.asarray(deleted.posterior["mu"].mean))
+    for site in ("mu", "tau"):
+        np.testing.assert_allclose(
+            np.asarray(masked.posterior[site].mean)[order], np.asarray(deleted.posterior[site].mean)[reference], rtol=1e-7
+        )
+    np.testing.assert_allclose(masked.elbo[-1], deleted.elbo[-1], rtol=1e-9)
+    # A masked row's assignment is the prior given q(weights): exp(E[log w]) normalised.
+    probs = np.asarray(masked.posterior["z"].probs)[~keep]
+    np.testing.assert_allclose(probs, np.broadcast_to(probs[0], probs.shape), rtol=1e-10)
