@@ -143,3 +143,33 @@ def test_tol_stops_float32_runs_with_float64_answers():
     args, kwargs = entry.data()
     ref = blrppl.VMP(entry.model).run(jax.random.key(0), 2000, *args, tol=1e-12, progress_bar=False, num_restarts=1, **kwargs)
     np.testing.assert_allclose(elbo, float(ref.elbo[-1]), rtol=1e-4)
+
+
+BROAD_SCRIPT = """
+import json, jax, numpy as np
+import blrppl
+from tests.robust_models import CASES
+out = {}
+for name in ["poisson_s100", "logistic_s100", "scalar_poisson"]:
+    model, data, sites = CASES[name]
+    args, kwargs = data()
+    args = jax.tree.map(lambda a: np.asarray(a, np.float32) if np.asarray(a).dtype == np.float64 else a, args)
+    kwargs = jax.tree.map(lambda a: np.asarray(a, np.float32) if np.asarray(a).dtype == np.float64 else a, kwargs)
+    r = blrppl.NonConjugateVI(model).run(jax.random.key(0), 300, *args, progress_bar=False, tol=1e-6, **kwargs)
+    out[name] = {s: [np.asarray(r.posterior[s].mean).tolist(), np.asarray(r.posterior[s].variance).tolist()] for s in sites}
+print(json.dumps(out))
+"""
+
+
+def test_broad_priors_in_float32_land_on_the_posterior():
+    """Coefficient priors Normal(0, 100) and the scalar Poisson, in a float32 process: within
+    0.1 NUTS sd and 20% of NUTS's sd, as in float64 (tests/engines/test_robustness.py)."""
+    from tests.engines.test_robustness import references
+
+    out = json.loads(run_in_float32(BROAD_SCRIPT, timeout=300).strip().splitlines()[-1])
+    refs = references()
+    for name, sites in out.items():
+        for site, (mean, variance) in sites.items():
+            ref_mean, ref_sd = np.asarray(refs[name]["mean"][site]), np.asarray(refs[name]["sd"][site])
+            assert np.all(np.abs(np.asarray(mean) - ref_mean) / ref_sd < 0.1), (name, site)
+            assert np.all(np.abs(np.sqrt(variance) / ref_sd - 1.0) < 0.2), (name, site)
