@@ -6,6 +6,7 @@ The public surface is exactly the one in ``shared/API.md``.
 from blrppl.engines.blr import BLR
 from blrppl.engines.conjugate import ConjugateBayes
 from blrppl.engines.em import EM
+from blrppl.engines.integrated import Integrated
 from blrppl.engines.laplace import Laplace
 from blrppl.engines.nonconjugate import NonConjugateVI
 from blrppl.engines.svi import SVI
@@ -28,6 +29,7 @@ __all__ = [
     "ConjugateBayes",
     "EM",
     "FactorGraph",
+    "Integrated",
     "Laplace",
     "ModelError",
     "NonConjugateVI",

@@ -19,3 +19,7 @@ def site_error(site: str, problem: str, remedy: str) -> ModelError:
         "site 'y': observations contain NaN; drop or mask them."
     """
     return ModelError(f"site {site!r}: {problem}; {remedy}.")
+
+
+class IntegrationWarning(UserWarning):
+    """An integrated fit whose grid is not to be trusted (``result.diagnostics.problems`` says why)."""

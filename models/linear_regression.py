@@ -26,3 +26,20 @@ def data():
     X = rng.normal(size=(100, 3))
     y = 1.0 + X @ np.array([0.5, -1.0, 2.0]) + 0.5 * rng.normal(size=100)
     return (jnp.asarray(X),), {"y": jnp.asarray(y)}
+
+
+def noise_scale_model(X, *, y=None):
+    """The same regression with a half-normal prior on the noise scale.
+
+    alpha ~ Normal(0, 10),   beta ~ Normal(0, I),   sigma ~ HalfNormal(1)
+    y_n ~ Normal(alpha + x_n . beta, sigma)
+
+    Given sigma every factor is conjugate, so ``blrppl.Integrated`` integrates
+    sigma on a grid over exact conditionals of (alpha, beta).
+    """
+    num_obs, num_features = X.shape
+    alpha = numpyro.sample("alpha", dist.Normal(0.0, 10.0))
+    beta = numpyro.sample("beta", dist.Normal(jnp.zeros(num_features), 1.0).to_event(1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    with numpyro.plate("N", num_obs):
+        numpyro.sample("y", dist.Normal(alpha + X @ beta, sigma), obs=y)

@@ -16,6 +16,8 @@ Expectation-Maximisation    exact site parameters for q, delta method for
 Stochastic VI (Sec. 5.3)    minibatches of one plate, local ρ = 1, global ρ_t
 VMP (Sec. 5.3)              exact site parameters, ρ = 1, coordinate-wise
 Non-conjugate VI (Sec. 5.4) exact where conjugate, estimated elsewhere, ρ < 1
+Non-conjugate VI (New)      a mixture over a grid of hyperparameters h of
+                            exact (ConjugateBayes) or Laplace q(c | h)
 ==========================  ================================================
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from blrppl.blr.config import Config, make_config
+from blrppl.blr.integrate.options import IntegratedConfig, make_integrated_config
 from blrppl.blr.schedules import robbins_monro
 from blrppl.estimators.select import EstimatorOptions
 
@@ -165,4 +168,26 @@ def laplace(*, learning_rate: Union[float, Callable] = 1.0, init: Optional[Mappi
     return make_config(
         name="Laplace", learning_rate=learning_rate, estimators=EstimatorOptions(forced="delta"),
         blocks="all", init=init or {}, continuous_only=True,
+    )
+
+
+def integrated(
+    *,
+    hyper: Optional[Sequence[str]] = None,
+    max_dim: int = 5,
+    drop: float = 15.0,
+    step: Optional[float] = None,
+    inner: str = "auto",
+    inner_steps: int = 50,
+    max_nodes: int = 50_000,
+    families: Optional[Mapping[str, str]] = None,
+) -> IntegratedConfig:
+    """Table 1's "Non-conjugate VI (New)": exact (or Laplace) q(c | h) mixed over a grid of h.
+
+    See :mod:`blrppl.blr.integrate` (the conditional fits are ConjugateBayes
+    or Laplace configurations with h held; :mod:`blrppl.blr.integrate.hyper`).
+    """
+    return make_integrated_config(
+        hyper=hyper, max_dim=max_dim, drop=drop, step=step, inner=inner, inner_steps=inner_steps,
+        max_nodes=max_nodes, families=families or {},
     )

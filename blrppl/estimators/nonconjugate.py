@@ -105,6 +105,14 @@ def nonconjugate_estimator(
             f"this one has {list(neighbours)}; use estimator='mc' or 'delta' for it."
         )
     log_density = factor_log_density(graph, factor, transforms, fixed, use_canonical=False)
+    if not neighbours:  # a factor of point estimates only (the prior of a held hyperparameter)
+
+        def point_estimate(rng_key, mean, params, arrays, batch=None):
+            del rng_key, mean
+            refuse_minibatch(factor, batch)
+            return log_density({}, params, arrays.data), {}
+
+        return FactorEstimator(factor, (), Method((), (), method), point_estimate)
     for v in neighbours:
         if qs[v].family.chain and not _separable_in_time(log_density, examples, neighbours, v):
             raise ModelError(

@@ -1,0 +1,174 @@
+"""Hyperparameters integrated, not approximated: q(c) = Σ_k w_k q(c | h_k).
+
+Khan & Rue's Table 1 row "Non-conjugate VI (New): mixture of exponential-family
+q", built the way INLA builds its posteriors (Rue, Martino & Chopin 2009):
+
+1. choose the hyperparameters h and the conditional fit q(c | h)
+   (:mod:`.hyper`): exact (ConjugateBayes, whose ELBO is log p(y | h)) where
+   the model allows, else Laplace's method;
+2. find the mode of f(u) = log p(y | h(u)) + log p(h(u)) + log |det ∂h/∂u|
+   on h's unconstrained space by damped Newton steps, derivatives through
+   the conditional fit (:mod:`.mode`);
+3. integrate over a grid in Hessian-standardised coordinates that extends
+   until f has dropped ``drop`` in every direction, all nodes one ``vmap``
+   of the compiled conditional fit (:mod:`.grid`);
+4. q(c) is the mixture of the nodes' q(c | h_k) with weights
+   w_k ∝ exp f(u_k), and log p(y) the quadrature of exp f (:mod:`.mixture`).
+
+:func:`integrate` runs the four steps and returns an :class:`IntegratedFit`;
+the user-facing result is :class:`blrppl.integrated_result.IntegratedResult`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, NamedTuple, Optional
+
+import numpy as np
+
+from blrppl.blr.integrate.conditional import Conditional, build_conditional
+from blrppl.blr.integrate.grid import Grid, build_grid, default_step, evaluate, standardise
+from blrppl.blr.integrate.hyper import HyperChoice, choose_hyper
+from blrppl.blr.integrate.mode import ModeSearch, find_mode
+from blrppl.blr.integrate.options import IntegratedConfig, make_integrated_config
+from blrppl.blr.integrate.grid import EDGE_TOL
+
+__all__ = [
+    "Diagnostics",
+    "IntegratedConfig",
+    "IntegratedFit",
+    "integrate",
+    "make_integrated_config",
+]
+
+
+class Diagnostics(NamedTuple):
+    """What says whether the grid can be trusted.
+
+    Attributes:
+      converged: the mode search converged (Newton decrement below tolerance).
+      hessian_definite: -∇²f at the mode is positive definite.
+      edge_weight: posterior weight on grid nodes at the grid's edge.
+      num_modes: local maxima of p(h | y) on the grid (more than one: the
+        grid, placed by one mode, may miss or distort the others).
+      best_above_mode: how far the best grid node lies above the mode found.
+      capped: the grid stopped at ``max_nodes`` or its largest reach before
+        the density had dropped in every direction.
+      inner_converged: every iterative inner fit settled within ``inner_steps``.
+    """
+
+    converged: bool
+    hessian_definite: bool
+    edge_weight: float
+    num_modes: int
+    best_above_mode: float
+    capped: bool
+    inner_converged: bool
+
+    @property
+    def problems(self) -> list:
+        """Plain-language reasons not to trust the grid (empty when it is fine)."""
+        out = []
+        if not self.converged:
+            out.append("the search for the mode of p(h | y) did not converge (raise num_steps)")
+        if not self.hessian_definite:
+            out.append("the Hessian of log p(h, y) at the mode is not negative definite (a saddle or a flat direction)")
+        if self.edge_weight > EDGE_TOL:
+            out.append(f"{self.edge_weight:.2g} of the posterior weight sits on the grid's edge nodes")
+        if self.capped:
+            out.append("the grid was cut off before the density had dropped in every direction (an improper or very heavy-tailed posterior, or max_nodes)")
+        if self.num_modes > 1:
+            out.append(f"p(h | y) has {self.num_modes} local maxima on the grid")
+        if self.best_above_mode > 1e-3:
+            out.append(f"a grid node lies {self.best_above_mode:.3g} above the mode found (another mode?)")
+        if not self.inner_converged:
+            out.append("some inner fits did not settle within inner_steps")
+        return out
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing in :attr:`problems` applies."""
+        return not self.problems
+
+
+class IntegratedFit(NamedTuple):
+    """Everything an integrated fit computed (the core's answer).
+
+    Attributes:
+      choice: the hyperparameters and the conditional fit's configuration.
+      plan: the conditional plan of this data (h held as point estimates).
+      conditional: the compiled conditional fit (possibly built for an
+        earlier plan with the same signature).
+      arrays: the conditional plan's arrays (data; h is set per node).
+      mode: the :class:`~.mode.ModeSearch`.
+      grid: the :class:`~.grid.Grid` (kept nodes, weights, their fits).
+      diagnostics: :class:`Diagnostics`.
+      options: the :class:`IntegratedConfig` of the fit.
+    """
+
+    choice: HyperChoice
+    plan: Any
+    conditional: Conditional
+    arrays: Any
+    mode: ModeSearch
+    grid: Grid
+    diagnostics: Diagnostics
+    options: IntegratedConfig
+
+    @property
+    def drop(self) -> float:
+        """The log-density drop at which the grid stops."""
+        return float(self.options.drop)
+    @property
+    def log_evidence(self) -> float:
+        """log p(y) by the quadrature."""
+        return self.grid.log_evidence
+
+
+def integrate(
+    model: Callable,
+    model_args: tuple,
+    model_kwargs: Mapping[str, Any],
+    options: IntegratedConfig,
+    num_steps: int,
+    memo: Optional[dict] = None,
+) -> IntegratedFit:
+    """Fit ``model`` by exact (or Laplace) conditionals integrated over h (module docstring).
+
+    Args:
+      model, model_args, model_kwargs: the NumPyro model and its data.
+      options: an :class:`IntegratedConfig`.
+      num_steps: the most Newton steps of the mode search.
+      memo: a dict in which compiled conditional fits are kept by plan
+        signature (an engine's), so that new data of the same shapes reuse them.
+
+    Raises:
+      ModelError: from :func:`~.hyper.choose_hyper`.
+    """
+    choice, plan = choose_hyper(model, model_args, model_kwargs, options)
+    key = (plan.signature, choice.sites, choice.inner, options.inner_steps, options.inner_tol)
+    conditional = None if memo is None else memo.get(key)
+    if conditional is None:
+        conditional = build_conditional(plan, choice.config, choice.sites, choice.inner, options.inner_steps, options.inner_tol)
+        if memo is not None:
+            memo[key] = conditional
+    arrays = plan.arrays
+    space = conditional.space
+    u0 = space.pack({s: arrays.params[s] for s in space.sites})
+    if space.dim == 0:
+        value = evaluate(conditional, np.zeros((1, 0)), arrays, states=False)
+        mode = ModeSearch(np.zeros(0), float(value[0]), np.zeros(0), np.zeros((0, 0)), value, 1, True)
+    else:
+        mode = find_mode(lambda u: evaluate(conditional, u, arrays, states=False), u0, num_steps)
+    coords = standardise(mode.u, mode.hessian)
+    step = options.step if options.step is not None else default_step(space.dim)
+    grid = build_grid(conditional, arrays, coords, float(mode.value), step, options.drop, options.max_nodes)
+    diagnostics = Diagnostics(
+        converged=bool(mode.converged),
+        hessian_definite=coords.definite,
+        edge_weight=grid.edge_weight,
+        num_modes=grid.num_modes,
+        best_above_mode=grid.best_above_mode,
+        capped=grid.capped,
+        inner_converged=conditional.num_steps == 1 or grid.inner_steps < conditional.num_steps,
+    )
+    return IntegratedFit(choice, plan, conditional, arrays, mode, grid, diagnostics, options)
