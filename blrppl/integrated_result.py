@@ -14,6 +14,7 @@ and moments are computed by the same code as for every other engine.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -47,6 +48,16 @@ class IntegratedState(NamedTuple):
     params: dict = {}
 
 
+def _supports(graph: Any) -> dict:
+    """Site -> support, for latent sites and the members of joint blocks."""
+    out = {}
+    for name, node in graph.variables.items():
+        out[name] = node.support
+        for member in node.members:
+            out[member.name] = member.support
+    return out
+
+
 def _take(tree: Any, k: Any) -> Any:
     return jax.tree.map(lambda a: a[k], tree)
 
@@ -54,6 +65,46 @@ def _take(tree: Any, k: Any) -> Any:
 def _node_result(fit: IntegratedFit, state: Any) -> BLRResult:
     """Node k's conditional fit as an ordinary result (h held at h_k)."""
     return BLRResult(plan=fit.plan, state=state, elbo=jnp.zeros((1,)), mode="global")
+
+
+def _moments(conditional: Any, state: Any) -> dict:
+    """Site -> (mean, variance, covariance or None) of one node's q (static parts of q only)."""
+    out = {}
+    for site, d in BLRResult(plan=conditional.plan, state=state, elbo=jnp.zeros((1,)), mode="global").posterior.items():
+        cov = None
+        if len(d.event_shape) == 1:
+            try:
+                cov = d.covariance_matrix
+            except (NotImplementedError, AttributeError):
+                cov = None
+        out[site] = (d.mean, d.variance, cov)
+    return out
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _node_moments(conditional: Any, states: Any) -> dict:
+    """:func:`_moments` of every node, one program per compiled conditional fit."""
+    return jax.vmap(lambda state: _moments(conditional, state))(states)
+
+
+def _marginals(conditional: Any, state: Any) -> dict:
+    return BLRResult(plan=conditional.plan, state=state, elbo=jnp.zeros((1,)), mode="global").posterior
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _mixture_log_prob(conditional: Any, site: str, states: Any, log_weights: jax.Array, value: jax.Array) -> jax.Array:
+    """log Σ_k w_k q_k(value) of one site (one program per compiled conditional fit and site)."""
+    lp = jax.vmap(lambda state: _marginals(conditional, state)[site].log_prob(value))(states)
+    w = log_weights.reshape((-1,) + (1,) * (jnp.ndim(lp) - 1))
+    return jax.scipy.special.logsumexp(w + lp, axis=0)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _mixture_sample(conditional: Any, site: str, num: int, rng_key: jax.Array, states: Any, log_weights: jax.Array) -> jax.Array:
+    """``num`` draws of one site: a node by weight, then from that node's q."""
+    node_key, draw_key = jax.random.split(rng_key)
+    ks = jax.random.categorical(node_key, log_weights, shape=(num,))
+    return jax.vmap(lambda key, k: _marginals(conditional, _take(states, k))[site].sample(key))(jax.random.split(draw_key, num), ks)
 
 
 class GridMixture(dist.Distribution):
@@ -65,21 +116,24 @@ class GridMixture(dist.Distribution):
     then from that node's q.
 
     Args:
-      log_weights: (K,) normalised log weights.
-      component: node index -> the node's marginal (a numpyro Distribution).
+      conditional, site: the compiled conditional fit and the site.
+      states, log_weights: the nodes' fits and normalised log weights (K,).
       mean, variance: the mixture's moments, site shaped.
-      covariance: the mixture's covariance matrix, or None.
+      covariance: the mixture's covariance matrix (a vector site whose
+        components have one: its last axis is the event), or None.
+      support: the site's support.
     """
 
     arg_constraints: dict = {}
 
-    def __init__(self, log_weights, component, mean, variance, covariance=None):
+    def __init__(self, conditional, site, states, log_weights, mean, variance, covariance, support):
+        self._conditional, self._site, self._states = conditional, site, states
         self._log_weights = log_weights
-        self._component = component
         self._mean, self._variance, self._covariance = mean, variance, covariance
-        first = component(0)
-        self._support = first.support
-        super().__init__(batch_shape=first.batch_shape, event_shape=first.event_shape)
+        self._support = support
+        shape = jnp.shape(mean)
+        event = shape[-1:] if covariance is not None else ()
+        super().__init__(batch_shape=shape[: len(shape) - len(event)], event_shape=event)
 
     @property
     def support(self):
@@ -100,16 +154,11 @@ class GridMixture(dist.Distribution):
         return self._covariance
 
     def log_prob(self, value):
-        k = jnp.arange(self._log_weights.shape[0])
-        lp = jax.vmap(lambda i: self._component(i).log_prob(value))(k)
-        w = self._log_weights.reshape((-1,) + (1,) * (jnp.ndim(lp) - 1))
-        return jax.scipy.special.logsumexp(w + lp, axis=0)
+        return _mixture_log_prob(self._conditional, self._site, self._states, self._log_weights, jnp.asarray(value))
 
     def sample(self, key, sample_shape=()):
-        node_key, draw_key = jax.random.split(key)
         n = math.prod(sample_shape)
-        ks = jax.random.categorical(node_key, self._log_weights, shape=(n,))
-        draws = jax.vmap(lambda kk, i: self._component(i).sample(kk))(jax.random.split(draw_key, n), ks)
+        draws = _mixture_sample(self._conditional, self._site, n, key, self._states, self._log_weights)
         return jnp.reshape(draws, tuple(sample_shape) + jnp.shape(draws)[1:])
 
 
@@ -294,29 +343,14 @@ class IntegratedResult:
     def _posterior(self) -> dict:
         fit = self.fit
         states, log_w = fit.grid.states, fit.grid.log_weights
-
-        def moments(state):
-            out = {}
-            for site, d in _node_result(fit, state).posterior.items():
-                cov = None
-                if len(d.event_shape) == 1:
-                    try:
-                        cov = d.covariance_matrix
-                    except (NotImplementedError, AttributeError):
-                        cov = None
-                out[site] = (d.mean, d.variance, cov)
-            return out
-
-        per_node = jax.jit(jax.vmap(moments))(states)
+        per_node = _node_moments(fit.conditional, states)
+        supports = _supports(fit.plan.graph)
         out = {}
         for site, (mean, variance, cov) in per_node.items():
             m, v = mix_moments(log_w, mean, variance)
             c = None if cov is None else mix_covariance(log_w, mean, cov)
-
-            def component(i, site=site):
-                return _node_result(fit, _take(states, i)).posterior[site]
-
-            out[site] = GridMixture(log_w, component, m, v, c)
+            support = supports.get(site, dist.constraints.real)
+            out[site] = GridMixture(fit.conditional, site, states, log_w, m, v, c, support)
         graph = fit.plan.graph
         for site, values in self.nodes.items():
             out[site] = HyperMarginal(fit, site, values, log_w, graph.params[site].constraint)

@@ -28,33 +28,47 @@ def gaussian_conditional(prior_cov, loadings, noise_cov, y):
 
 
 class Reference:
-    """Moments of a posterior from a weighted 1-D grid of h: what the tests compare with.
+    """A posterior on a weighted 1-D grid of h = exp(u): what the tests compare with.
 
     Attributes:
       log_evidence: log p(y).
-      hyper: site -> (mean, sd) of h's sites.
+      hyper: h's site -> (mean, sd).
       latent: name -> (mean, sd) of the conjugate latents (vectors).
+      weights, means, covs, values, log_density_u: the grid (trapezoid
+        weights, the Gaussian p(c | h, y) at each node, h, log p(u | y)).
     """
 
-    def __init__(self, log_evidence, hyper, latent):
-        self.log_evidence, self.hyper, self.latent = log_evidence, hyper, latent
+    def __init__(self, log_u, log_joint, means, covs, values, names, log_joint_at=None):
+        du = log_u[1] - log_u[0]
+        top = np.max(log_joint)
+        w = np.exp(log_joint - top)
+        w[0] *= 0.5
+        w[-1] *= 0.5
+        total = np.sum(w)
+        self.log_evidence = top + np.log(total * du)
+        self.weights = w / total
+        self.means, self.covs, self.values = means, covs, values
+        self.log_joint_at = log_joint_at
+        mean = np.einsum("n,ni->i", self.weights, means)
+        second = np.einsum("n,nii->i", self.weights, covs) + np.einsum("n,ni->i", self.weights, means**2)
+        sd = np.sqrt(second - mean**2)
+        h_mean = np.sum(self.weights * values)
+        self.hyper = {names[0]: (h_mean, np.sqrt(np.sum(self.weights * values**2) - h_mean**2))}
+        self.latent = {}
+        for name, index in names[1].items():
+            self.latent[name] = (mean[index], sd[index])
 
+    def latent_log_density(self, index, x):
+        """log p(c_index = x | y): the Gaussian mixture over the grid."""
+        m, v = self.means[:, index], self.covs[:, index, index]
+        x = np.asarray(x, float)[..., None]
+        log_n = -0.5 * ((x - m) ** 2 / v + np.log(2.0 * np.pi * v))
+        return special.logsumexp(log_n, b=self.weights, axis=-1)
 
-def integrate_1d(log_u, log_joint, means, covs, values):
-    """Trapezoidal weights on a uniform grid in u = log h; returns (log p(y), w, moments)."""
-    du = log_u[1] - log_u[0]
-    top = np.max(log_joint)
-    w = np.exp(log_joint - top)
-    w[0] *= 0.5
-    w[-1] *= 0.5
-    total = np.sum(w)
-    log_evidence = top + np.log(total * du)
-    w = w / total
-    mean = np.einsum("n,ni->i", w, means)
-    second = np.einsum("n,nii->i", w, covs) + np.einsum("n,ni->i", w, means**2)
-    h_mean = np.sum(w * values)
-    h_sd = np.sqrt(np.sum(w * values**2) - h_mean**2)
-    return log_evidence, mean, np.sqrt(second - mean**2), (h_mean, h_sd)
+    def hyper_log_density(self, h):
+        """log p(h | y) = log p(y, u) - log p(y) - u at h = e^u."""
+        u = np.log(np.asarray(h, float))
+        return self.log_joint_at(u) - self.log_evidence - u
 
 
 def eight_schools(y, sigma, mu_sd=5.0, tau_scale=5.0, num=8001):
@@ -65,30 +79,42 @@ def eight_schools(y, sigma, mu_sd=5.0, tau_scale=5.0, num=8001):
     """
     y, sigma = np.asarray(y, float), np.asarray(sigma, float)
     J = y.shape[0]
+
+    def conditional(u):
+        tau, n = np.exp(u), u.shape[0]
+        prior = np.empty((n, J + 1, J + 1))
+        prior[:] = mu_sd**2
+        prior[:, 1:, 1:] += tau[:, None, None] ** 2 * np.eye(J)
+        loadings = np.broadcast_to(np.concatenate([np.zeros((J, 1)), np.eye(J)], 1), (n, J, J + 1))
+        log_lik, mean, cov = gaussian_conditional(prior, loadings, np.diag(sigma**2), np.broadcast_to(y, (n, J)))
+        log_prior = np.log(2.0 / np.pi) + np.log(tau_scale) - np.log(tau_scale**2 + tau**2)
+        return log_lik + log_prior + u, mean, cov
+
     u = np.linspace(-30.0, 12.0, num)
-    tau = np.exp(u)
-    prior = np.empty((num, J + 1, J + 1))
-    prior[:] = mu_sd**2
-    prior[:, 1:, 1:] += tau[:, None, None] ** 2 * np.eye(J)
-    loadings = np.broadcast_to(np.concatenate([np.zeros((J, 1)), np.eye(J)], 1), (num, J, J + 1))
-    log_lik, mean, cov = gaussian_conditional(prior, loadings, np.diag(sigma**2), np.broadcast_to(y, (num, J)))
-    log_prior = np.log(2.0 / np.pi) + np.log(tau_scale) - np.log(tau_scale**2 + tau**2)
-    log_z, m, sd, tau_moments = integrate_1d(u, log_lik + log_prior + u, mean, cov, tau)
-    return Reference(log_z, {"tau": tau_moments}, {"mu": (m[0], sd[0]), "theta": (m[1:], sd[1:])})
+    log_joint, mean, cov = conditional(u)
+    names = ("tau", {"mu": 0, "theta": slice(1, None)})
+    return Reference(u, log_joint, mean, cov, np.exp(u), names, lambda u: conditional(np.atleast_1d(u))[0])
 
 
-def linear_regression(X, y, alpha_sd=10.0, beta_sd=1.0, sigma_scale=1.0, num=8001):
-    """alpha ~ N(0, alpha_sd²), beta ~ N(0, beta_sd² I), sigma ~ HalfNormal(sigma_scale), y ~ N(alpha + X beta, sigma²)."""
+def linear_regression(X, y, alpha_sd=10.0, beta_sd=1.0, sigma_scale=1.0, num=4001):
+    """alpha ~ N(0, alpha_sd²), beta ~ N(0, beta_sd² I), sigma ~ HalfNormal(sigma_scale), y ~ N(alpha + X beta, sigma²).
+
+    Information form for x = (alpha, beta) given sigma: Λ = P⁻¹ + ZᵀZ / σ²,
+    b = Zᵀy / σ², and log p(y | σ) = -n/2 log 2π - n log σ - ½ log det(P Λ)
+    - ½ (yᵀy / σ² - bᵀ Λ⁻¹ b) (the matrix determinant lemma).
+    """
     X, y = np.asarray(X, float), np.asarray(y, float)
     n, d = X.shape
     u = np.linspace(-12.0, 4.0, num)
     sigma = np.exp(u)
     design = np.concatenate([np.ones((n, 1)), X], 1)
-    prior = np.diag(np.r_[alpha_sd**2, np.full(d, beta_sd**2)])
-    # Given sigma, whiten by sigma: y / sigma = (design / sigma) x + e, e ~ N(0, I); log p(y) gains -n log sigma.
-    loadings = design[None] / sigma[:, None, None]
-    log_lik, mean, cov = gaussian_conditional(np.broadcast_to(prior, (num, d + 1, d + 1)), loadings, np.eye(n), y[None] / sigma[:, None])
-    log_lik = log_lik - n * u
+    prior_var = np.r_[alpha_sd**2, np.full(d, beta_sd**2)]
+    precision = np.diag(1.0 / prior_var)[None] + (design.T @ design)[None] / sigma[:, None, None] ** 2
+    shift = (design.T @ y)[None] / sigma[:, None] ** 2
+    cov = np.linalg.inv(precision)
+    mean = np.einsum("nij,nj->ni", cov, shift)
+    log_det = np.linalg.slogdet(precision)[1] + np.sum(np.log(prior_var))
+    quad = (y @ y) / sigma**2 - np.einsum("ni,ni->n", shift, mean)
+    log_lik = -0.5 * n * LOG_2PI - n * u - 0.5 * log_det - 0.5 * quad
     log_prior = 0.5 * np.log(2.0 / np.pi) - np.log(sigma_scale) - 0.5 * (sigma / sigma_scale) ** 2
-    log_z, m, sd, sigma_moments = integrate_1d(u, log_lik + log_prior + u, mean, cov, sigma)
-    return Reference(log_z, {"sigma": sigma_moments}, {"alpha": (m[0], sd[0]), "beta": (m[1:], sd[1:])})
+    return Reference(u, log_lik + log_prior + u, mean, cov, sigma, ("sigma", {"alpha": 0, "beta": slice(1, None)}))

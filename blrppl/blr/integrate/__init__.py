@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
+import jax
 import numpy as np
 
 from blrppl.blr.integrate.conditional import Conditional, build_conditional
@@ -30,6 +31,7 @@ from blrppl.blr.integrate.grid import Grid, build_grid, default_step, evaluate, 
 from blrppl.blr.integrate.hyper import HyperChoice, choose_hyper
 from blrppl.blr.integrate.mode import ModeSearch, find_mode
 from blrppl.blr.integrate.options import IntegratedConfig, make_integrated_config
+from blrppl.blr.plan import make_plan
 from blrppl.blr.integrate.grid import EDGE_TOL
 
 __all__ = [
@@ -139,12 +141,15 @@ def integrate(
       options: an :class:`IntegratedConfig`.
       num_steps: the most Newton steps of the mode search.
       memo: a dict in which compiled conditional fits are kept by plan
-        signature (an engine's), so that new data of the same shapes reuse them.
+        signature (an engine's), so that new data of the same shapes reuse
+        them, and the choice of h by the data's shapes (checked against the
+        plan's signature), so that a second fit plans once, not once per
+        candidate h.
 
     Raises:
       ModelError: from :func:`~.hyper.choose_hyper`.
     """
-    choice, plan = choose_hyper(model, model_args, model_kwargs, options)
+    choice, plan = _choose(model, model_args, model_kwargs, options, memo)
     key = (plan.signature, choice.sites, choice.inner, options.inner_steps, options.inner_tol)
     conditional = None if memo is None else memo.get(key)
     if conditional is None:
@@ -172,3 +177,22 @@ def integrate(
         inner_converged=conditional.num_steps == 1 or grid.inner_steps < conditional.num_steps,
     )
     return IntegratedFit(choice, plan, conditional, arrays, mode, grid, diagnostics, options)
+
+
+def _choose(model, model_args, model_kwargs, options, memo) -> tuple:
+    """:func:`~.hyper.choose_hyper`, or the memo's choice for data of the same shapes."""
+    key = ("choice", _shapes((model_args, dict(model_kwargs))))
+    if memo is not None and key in memo:
+        choice, signature = memo[key]
+        plan = make_plan(model, model_args, model_kwargs, choice.config)
+        if plan.signature == signature:
+            return choice, plan
+    choice, plan = choose_hyper(model, model_args, model_kwargs, options)
+    if memo is not None:
+        memo[key] = (choice, plan.signature)
+    return choice, plan
+
+
+def _shapes(tree: Any) -> tuple:
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return (treedef, tuple((np.shape(x), str(np.asarray(x).dtype)) if hasattr(x, "shape") else repr(x) for x in leaves))

@@ -33,9 +33,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from blrppl.blr.integrate.mode import LINE_SEARCH
+
 #: Standardised reach of the first evaluations along each axis, and the most.
 FIRST_REACH = 8.0
 MAX_REACH = 64.0
+#: The fewest nodes per call of the compiled conditional fit.
+MIN_CHUNK = 32
 #: Normalised weight on edge nodes above which the grid is reported truncated.
 EDGE_TOL = 1e-4
 #: Local maxima within this many log units of the best count as modes.
@@ -115,14 +119,15 @@ class Grid(NamedTuple):
 
 
 def chunk_size(dim: int) -> int:
-    """Nodes per call of the compiled conditional fit: the mode search's stencil, rounded up.
+    """Nodes per call of the compiled conditional fit: a Newton step's points, rounded up.
 
     Every evaluation (the mode search's stencils and line searches, the axis
     searches, the grid) runs this one vmapped program, so a fit compiles it
-    once, whatever the number of nodes.
+    once, whatever the number of nodes. A call's cost is mostly fixed
+    overhead up to a few dozen nodes, hence at least ``MIN_CHUNK``.
     """
-    points = 1 + 2 * dim + 2 * dim * (dim - 1)
-    return max(8, 1 << (points - 1).bit_length())
+    points = 1 + 2 * dim + 2 * dim * (dim - 1) + len(LINE_SEARCH) - 1
+    return max(MIN_CHUNK, 1 << (points - 1).bit_length())
 
 
 @functools.partial(jax.jit, static_argnums=0)

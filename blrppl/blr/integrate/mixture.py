@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from blrppl.blr.integrate.grid import evaluate
+
 
 def mix_moments(log_weights: jax.Array, mean: jax.Array, variance: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Mixture mean and variance from per-node ones (leading axis K)."""
@@ -53,13 +55,15 @@ def _lattice_ball(dim: int, step: float, radius: float) -> np.ndarray:
     return mesh[np.sum(mesh**2, axis=1) <= radius**2]
 
 
-def site_log_density(conditional: Any, arrays: Any, fit: Any, site: str, values: jax.Array) -> jax.Array:
+def site_log_density(conditional: Any, arrays: Any, fit: Any, site: str, values: Any) -> np.ndarray:
     """log p(h_site | y) at ``values`` (constrained, leading batch axes), exact up to quadrature.
 
-    With h a single site this is exp f(u(h)) / (|det ∂h/∂u| p(y)), evaluated
-    by the conditional fit at each value; otherwise the other coordinates of
-    u are integrated on a lattice ball of radius sqrt(2 drop) + 1 in their
-    conditional standardised coordinates (module docstring).
+    With h a single site this is exp f(u(h)) / (|det ∂h/∂u| p(y)), f
+    evaluated by the conditional fit at each value; otherwise the other
+    coordinates of u are integrated on a lattice ball of radius
+    sqrt(2 drop) + 1 in their conditional standardised coordinates (module
+    docstring). Every f comes from the grid's compiled program
+    (:func:`~.grid.evaluate`), so nothing new is compiled.
 
     Args:
       conditional: the :class:`~.conditional.Conditional`.
@@ -70,20 +74,17 @@ def site_log_density(conditional: Any, arrays: Any, fit: Any, site: str, values:
     """
     space = conditional.space
     index = space.sites.index(site)
-    sl = space.site_slices()[site]
-    transform = space.transforms[index]
-    shape = space.shapes[index]
-    values = jnp.asarray(values, jnp.result_type(float))
-    batch = jnp.shape(values)[: jnp.ndim(values) - len(shape)]
-    flat_values = jnp.reshape(values, (-1,) + tuple(shape))
-    u_site = jnp.reshape(jax.vmap(transform.inv)(flat_values), (flat_values.shape[0], -1))
-    log_det_site = jax.vmap(lambda x: jnp.sum(transform.log_abs_det_jacobian(x, transform(x))))(
-        jnp.reshape(u_site, (-1,) + tuple(space.inverse_shapes[index]))
-    )
+    own = np.arange(space.site_slices()[site].start, space.site_slices()[site].stop)
+    transform, shape = space.transforms[index], space.shapes[index]
+    values = np.asarray(values, np.float64)
+    batch = values.shape[: values.ndim - len(shape)]
+    flat = jnp.reshape(jnp.asarray(values), (-1,) + tuple(shape))
+    u_site = jnp.reshape(transform.inv(flat), (flat.shape[0], -1))
+    log_det_site = jnp.sum(jnp.reshape(transform.log_abs_det_jacobian(transform.inv(flat), flat), (flat.shape[0], -1)), -1)
+    u_site, log_det_site = np.asarray(u_site), np.asarray(log_det_site)
     k = space.dim
-    rest = np.array([i for i in range(k) if not sl.start <= i < sl.stop], dtype=int)
-    own = np.arange(sl.start, sl.stop)
-    mode = jnp.asarray(fit.grid.standardised.mode)
+    rest = np.array([i for i in range(k) if i not in own], dtype=int)
+    mode = np.asarray(fit.grid.standardised.mode)
     scale = np.asarray(fit.grid.standardised.scale)
     covariance = scale @ scale.T
     if rest.size:
@@ -93,23 +94,17 @@ def site_log_density(conditional: Any, arrays: Any, fit: Any, site: str, values:
         c_cond = covariance[np.ix_(rest, rest)] - gain @ c_rs.T
         eigval, eigvec = np.linalg.eigh(0.5 * (c_cond + c_cond.T))
         root = eigvec * np.sqrt(np.maximum(eigval, 1e-300))
-        log_det_rest = 0.5 * float(np.sum(np.log(np.maximum(eigval, 1e-300))))
-        step = fit.grid.step
-        z = jnp.asarray(_lattice_ball(rest.size, step, math.sqrt(2.0 * fit.drop) + 1.0))
-        log_cell = rest.size * math.log(step) + log_det_rest
+        log_cell = rest.size * math.log(fit.grid.step) + 0.5 * float(np.sum(np.log(np.maximum(eigval, 1e-300))))
+        z = _lattice_ball(rest.size, fit.grid.step, math.sqrt(2.0 * fit.drop) + 1.0)
+        centre = mode[rest] + (u_site - mode[own]) @ gain.T  # (n, r)
     else:
-        gain, root, z, log_cell = None, None, jnp.zeros((1, 0)), 0.0
-
-    def density(u_s):
-        if rest.size:
-            centre = mode[rest] + jnp.asarray(gain) @ (u_s - mode[own])
-            u_rest = centre + z @ jnp.asarray(root).T
-        else:
-            u_rest = jnp.zeros((1, 0))
-        u = jnp.zeros((z.shape[0], k)).at[:, own].set(u_s).at[:, rest].set(u_rest)
-        f = jax.vmap(lambda x: conditional.log_joint(x, arrays))(u)
-        f = jnp.where(jnp.isfinite(f), f, -jnp.inf)
-        return jax.scipy.special.logsumexp(f) + log_cell
-
-    log_p = jax.vmap(density)(u_site) - fit.grid.log_evidence - log_det_site
-    return jnp.reshape(log_p, batch)
+        root, log_cell, z, centre = np.zeros((0, 0)), 0.0, np.zeros((1, 0)), np.zeros((u_site.shape[0], 0))
+    u = np.zeros((u_site.shape[0], z.shape[0], k))
+    u[:, :, own] = u_site[:, None, :]
+    u[:, :, rest] = centre[:, None, :] + z @ root.T
+    f = evaluate(conditional, u.reshape(-1, k), arrays, states=False).reshape(u_site.shape[0], z.shape[0])
+    f = np.where(np.isfinite(f), f, -np.inf)
+    top = np.max(f, axis=1)
+    top = np.where(np.isfinite(top), top, 0.0)
+    log_p = top + np.log(np.sum(np.exp(f - top[:, None]), axis=1)) + log_cell - fit.grid.log_evidence - log_det_site
+    return log_p.reshape(batch)

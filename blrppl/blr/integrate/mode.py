@@ -87,9 +87,11 @@ def find_mode(log_joint: Callable[[np.ndarray], np.ndarray], u0: Any, num_steps:
     Each step: the damped Newton direction d (``-H + λ I`` positive
     definite), shortened to at most ``MAX_STEP`` in every coordinate (far
     from the mode f is far from quadratic: a log-precision started at 0 may
-    lie 10 units away); f at u + t d for t = 1, 1/2, ..., 1/32 in one call;
-    the best of those that does not lower f is taken and the stencil
-    evaluated there (a second call).
+    lie 10 units away); one call evaluates the stencil around u + d and f at
+    u + t d for t = 1/2, ..., 1/32. The full step is taken when it does not
+    lower f (its derivatives are then at hand: one call per step near the
+    mode); otherwise the best shorter step that does not lower f, and the
+    stencil there (a second call).
 
     Args:
       log_joint: f at the rows of a ``(n, k)`` array, returned as ``(n,)``
@@ -119,16 +121,22 @@ def find_mode(log_joint: Callable[[np.ndarray], np.ndarray], u0: Any, num_steps:
         if not np.all(np.isfinite(direction)):
             direction = grad / (1.0 + np.max(np.abs(grad)))
         direction = direction * min(1.0, MAX_STEP / max(float(np.max(np.abs(direction))), 1e-300))
-        candidates = u + lengths[:, None] * direction
-        values = log_joint(candidates)
+        # One call: the stencil around the full step and the shorter steps of the line search.
+        full = stencil(u + direction, DIFFERENCE_STEP)
+        shorter = u + lengths[1:, None] * direction
+        values = log_joint(np.concatenate([full, shorter]))
         values = np.where(np.isfinite(values), values, -np.inf)
         tol = 64.0 * np.finfo(np.float64).eps * (1.0 + abs(value))
-        best = int(np.argmax(values))
-        if values[best] < value - tol:
-            trace.append(value)
-            break  # no step along d raises f: at the mode to rounding, or stuck
-        u = candidates[best]
-        value, grad, hessian = derivatives(log_joint(stencil(u, DIFFERENCE_STEP)), k, DIFFERENCE_STEP)
+        if values[0] >= value - tol:  # the Newton step is taken: its derivatives are at hand
+            u = full[0]
+            value, grad, hessian = derivatives(values[: len(full)], k, DIFFERENCE_STEP)
+        else:
+            best = int(np.argmax(values[len(full) :]))
+            if values[len(full) + best] < value - tol:
+                trace.append(value)
+                break  # no step along d raises f: at the mode to rounding, or stuck
+            u = shorter[best]
+            value, grad, hessian = derivatives(log_joint(stencil(u, DIFFERENCE_STEP)), k, DIFFERENCE_STEP)
         trace.append(value)
         converged = _decrement(grad, hessian) < DECREMENT_TOL
         if converged:

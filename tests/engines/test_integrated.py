@@ -1,0 +1,192 @@
+"""Integrated: exact conditionals integrated over hyperparameters, against brute-force quadrature.
+
+The references (``integrated_references.py``) integrate the hyperparameter on a
+dense grid of its log with everything else Gaussian algebra in numpy, so they
+are exact to ~1e-9; NUTS would carry Monte Carlo error of the size of the bars.
+The issue's bars are 0.05 reference sd for means, 5% for sds and 1e-6 for
+log p(y); the engine's measured errors are ~1e-5 of an sd and ~1e-7 in log p(y),
+so the tests hold it to 1e-3 (moments) and 1e-6 (log p(y)).
+
+Compiled fits are shared by module-scoped fixtures: one engine per model.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import Predictive
+
+import blrppl
+from blrppl.blr.integrate import Diagnostics
+from blrppl.blr.integrate.hyper import choose_hyper
+from blrppl.blr.integrate.options import make_integrated_config
+from blrppl.errors import IntegrationWarning
+from models import eight_schools_centered as centred
+from models import eight_schools_noncentered as noncentred
+from models import linear_regression
+from tests.engines import integrated_references as references
+
+MOMENT_TOL = 1e-3  # of a reference sd (means) and relative (sds); the issue asks 0.05 and 5%
+EVIDENCE_TOL = 1e-6  # absolute, on log p(y)
+NUM_DRAWS = 2000
+MODELS = {"centred": centred, "noncentred": noncentred}
+
+
+@pytest.fixture(scope="module")
+def schools_reference():
+    return references.eight_schools(centred.Y, centred.SIGMA)
+
+
+@pytest.fixture(scope="module")
+def schools():
+    """Engine and result per parameterisation (each compiles its conditional fit once)."""
+    out = {}
+    for name, module in MODELS.items():
+        engine = blrppl.Integrated(module.model)
+        args, kwargs = module.data()
+        out[name] = engine, engine.run(jax.random.key(0), 20, *args, **kwargs)
+    return out
+
+
+def assert_moments(posterior, reference, sites):
+    for site in sites:
+        mean, sd = reference.hyper.get(site) or reference.latent[site]
+        np.testing.assert_array_less(np.abs(np.asarray(posterior[site].mean) - mean) / sd, MOMENT_TOL, err_msg=site)
+        fitted_sd = np.sqrt(np.asarray(posterior[site].variance))
+        np.testing.assert_array_less(np.abs(fitted_sd / sd - 1.0), MOMENT_TOL, err_msg=site)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_eight_schools_log_marginal_likelihood_is_the_quadrature(schools, schools_reference, name):
+    result = schools[name][1]
+    assert abs(result.log_marginal_likelihood - schools_reference.log_evidence) < EVIDENCE_TOL
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_eight_schools_moments_are_the_quadrature(schools, schools_reference, name):
+    result = schools[name][1]
+    sites = ("mu", "tau", "theta") if name == "centred" else ("mu", "tau")
+    assert_moments(result.posterior, schools_reference, sites)
+
+
+def test_noncentred_theta_from_joint_draws_has_the_posterior_spread(schools, schools_reference):
+    """theta = mu + tau theta_raw mixes h and c: joint draws (node, then c | h) give its spread."""
+    num = NUM_DRAWS
+    draws = schools["noncentred"][1].sample(jax.random.key(1), num)
+    mean, sd = schools_reference.latent["theta"]
+    assert draws["theta"].shape == (num, 8) and draws["tau"].shape == (num,)
+    # 4 Monte Carlo standard errors: sd / sqrt(n) for the mean, ~sd / sqrt(2n) for the sd.
+    np.testing.assert_array_less(np.abs(draws["theta"].mean(0) - mean) / sd, 4.0 / np.sqrt(num))
+    np.testing.assert_array_less(np.abs(draws["theta"].std(0) / sd - 1.0), 4.0 / np.sqrt(2 * num))
+
+
+def test_eight_schools_chooses_tau_and_reports_the_search(schools):
+    for name in MODELS:
+        result = schools[name][1]
+        assert result.hyper == ("tau",) and result.inner == "exact"
+        assert result.diagnostics.ok, result.diagnostics.problems
+        assert set(result.estimators.values()) <= {"exact", "delta"}
+        elbo = np.asarray(result.elbo)
+        assert elbo.shape == (result.fit.mode.num_steps,) and np.all(np.diff(elbo) >= -1e-9)
+        assert "exact" in result.method
+
+
+def test_hyper_named_by_the_user_is_the_automatic_choice():
+    args, kwargs = centred.data()
+    auto, plan = choose_hyper(centred.model, args, kwargs, make_integrated_config())
+    named, named_plan = choose_hyper(centred.model, args, kwargs, make_integrated_config(hyper=["tau"]))
+    assert auto.sites == named.sites == ("tau",) and named.inner == "exact"
+    assert named_plan.signature == plan.signature and "mu+theta" in plan.qs
+
+
+def test_log_prob_of_the_mixture_and_of_h(schools, schools_reference):
+    posterior = schools["centred"][1].posterior
+    mu = np.linspace(-5.0, 15.0, 5)
+    np.testing.assert_allclose(posterior["mu"].log_prob(jnp.asarray(mu)), schools_reference.latent_log_density(0, mu), atol=1e-6)
+    tau = np.array([0.5, 2.0, 5.0, 12.0])
+    np.testing.assert_allclose(posterior["tau"].log_prob(jnp.asarray(tau)), schools_reference.hyper_log_density(tau), atol=1e-5)
+
+
+def test_new_data_of_the_same_shapes_reuse_the_compiled_fit(schools):
+    engine = schools["centred"][0]
+    y = centred.Y * 1.5 + 2.0
+    result = engine.run(jax.random.key(0), 20, centred.SIGMA, y=y)
+    reference = references.eight_schools(y, centred.SIGMA)
+    assert abs(result.log_marginal_likelihood - reference.log_evidence) < EVIDENCE_TOL
+    assert_moments(result.posterior, reference, ("mu", "tau", "theta"))
+    assert len(engine._conditionals) == 2  # one compiled conditional fit and one choice of h
+
+
+def test_draws_arviz_and_predictive(schools):
+    engine, result = schools["noncentred"]
+    draws = result.sample(jax.random.key(2), NUM_DRAWS)  # one compiled sampler for the module
+    n = NUM_DRAWS
+    assert {k: v.shape for k, v in draws.items()} == {"mu": (n,), "tau": (n,), "theta_raw": (n, 8), "theta": (n, 8)}
+    idata = result.to_arviz(jax.random.key(3), num_samples=NUM_DRAWS)
+    assert idata.posterior["theta"].shape == (1, n, 8) and "y" in idata.log_likelihood
+    predictive = Predictive(noncentred.model, guide=engine.guide(result), num_samples=7)
+    samples = predictive(jax.random.key(4), centred.SIGMA)
+    assert samples["y"].shape == (7, 8) and samples["theta"].shape == (7, 8)
+
+
+def test_an_untrustworthy_grid_warns_and_says_why(schools):
+    engine = schools["centred"][0]
+    capped = blrppl.Integrated(centred.model, max_nodes=5)
+    capped._conditionals = engine._conditionals  # share the compiled fit (test budget)
+    args, kwargs = centred.data()
+    with pytest.warns(IntegrationWarning, match="cut off"):
+        result = capped.run(jax.random.key(0), 20, *args, **kwargs)
+    assert not result.trustworthy and any("cut off" in p for p in result.diagnostics.problems)
+
+
+def test_diagnostics_name_each_problem():
+    fine = Diagnostics(True, True, 0.0, 1, 0.0, False, True)
+    assert fine.ok and fine.problems == []
+    bad = Diagnostics(False, False, 0.1, 2, 3.0, True, False)
+    text = " ".join(bad.problems)
+    for words in ("did not converge", "not negative definite", "edge", "2 local maxima", "above the mode", "inner"):
+        assert words in text
+
+
+def test_linear_regression_noise_scale_is_the_quadrature():
+    args, kwargs = linear_regression.data()
+    reference = references.linear_regression(args[0], kwargs["y"])
+    result = blrppl.Integrated(linear_regression.noise_scale_model).run(jax.random.key(0), 20, *args, **kwargs)
+    assert result.hyper == ("sigma",) and result.inner == "exact" and result.diagnostics.ok
+    assert abs(result.log_marginal_likelihood - reference.log_evidence) < EVIDENCE_TOL
+    assert_moments(result.posterior, reference, ("alpha", "beta", "sigma"))
+
+
+def scales_per_school(sigma, y=None):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    with numpyro.plate("J", sigma.shape[0]):
+        tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
+        theta = numpyro.sample("theta", dist.Normal(mu, tau))
+        numpyro.sample("y", dist.Normal(theta, sigma), obs=y)
+
+
+def with_a_param(sigma, y=None):
+    tau = numpyro.param("tau", 1.0, constraint=dist.constraints.positive)
+    with numpyro.plate("J", sigma.shape[0]):
+        numpyro.sample("y", dist.Normal(numpyro.sample("theta", dist.Normal(0.0, tau)), sigma), obs=y)
+
+
+@pytest.mark.parametrize(
+    "model, options, words",
+    [
+        (scales_per_school, {}, ["'tau'", "8 dimensions", "NonConjugateVI"]),
+        (centred.model, {"hyper": ["mu", "tau", "theta"]}, ["'mu'", "10 dimensions", "NonConjugateVI"]),
+        (centred.model, {"hyper": ["nope"]}, ["'nope'", "not a latent"]),
+        (with_a_param, {}, ["'tau'", "numpyro.param", "EM"]),
+    ],
+    ids=["scales-per-school", "hyper-too-large", "unknown-site", "param-site"],
+)
+def test_model_errors_name_the_site_and_the_remedy(model, options, words):
+    args, kwargs = centred.data()
+    with pytest.raises(blrppl.ModelError) as error:
+        blrppl.Integrated(model, **options).run(jax.random.key(0), 5, *args, **kwargs)
+    for word in words:
+        assert word in str(error.value)
+
