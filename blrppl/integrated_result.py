@@ -58,6 +58,19 @@ def _supports(graph: Any) -> dict:
     return out
 
 
+#: Node counts are padded to a multiple of this (weight zero), so that compiled
+#: moments, densities and draws serve grids of similar sizes.
+PAD = 64
+
+
+def _padded(states: Any, log_weights: jax.Array) -> tuple[Any, jax.Array]:
+    """The nodes padded with copies of node 0 of weight zero, to a multiple of ``PAD``."""
+    extra = -int(log_weights.shape[0]) % PAD
+    index = jnp.concatenate([jnp.arange(log_weights.shape[0]), jnp.zeros(extra, int)])
+    log_w = jnp.concatenate([log_weights, jnp.full(extra, -jnp.inf, log_weights.dtype)])
+    return _take(states, index), log_w
+
+
 def _take(tree: Any, k: Any) -> Any:
     return jax.tree.map(lambda a: a[k], tree)
 
@@ -342,7 +355,7 @@ class IntegratedResult:
 
     def _posterior(self) -> dict:
         fit = self.fit
-        states, log_w = fit.grid.states, fit.grid.log_weights
+        states, log_w = _padded(fit.grid.states, fit.grid.log_weights)
         per_node = _node_moments(fit.conditional, states)
         supports = _supports(fit.plan.graph)
         out = {}
@@ -353,7 +366,7 @@ class IntegratedResult:
             out[site] = GridMixture(fit.conditional, site, states, log_w, m, v, c, support)
         graph = fit.plan.graph
         for site, values in self.nodes.items():
-            out[site] = HyperMarginal(fit, site, values, log_w, graph.params[site].constraint)
+            out[site] = HyperMarginal(fit, site, values, fit.grid.log_weights, graph.params[site].constraint)
         return out
 
     def sample(self, rng_key: jax.Array, num_samples: int) -> dict:

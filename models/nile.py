@@ -19,6 +19,8 @@ Three ways to treat the two noise variances, in two functions:
   ``blrppl.ConjugateBayes`` is then the exact Kalman smoother (Sec. 5.1).
 * :func:`vb_model`: Gamma priors on the precisions; ``blrppl.VMP`` gives the
   mean-field VB posterior q(levels) q(prec_obs) q(prec_level).
+* :func:`scales_model`: half-normal priors on both noise sds;
+  ``blrppl.Integrated`` integrates them over exact Kalman smoothers.
 
 Both take ``future=h`` to extend the chain h steps past the last observation
 (sites ``level_future`` and ``y_future``), so that
@@ -98,6 +100,20 @@ def vb_model(
     prec_obs = numpyro.sample("prec_obs", dist.Gamma(concentration, rate))
     prec_level = numpyro.sample("prec_level", dist.Gamma(concentration, rate))
     _local_level(length, y, mask, 1.0 / jnp.sqrt(prec_obs), 1.0 / jnp.sqrt(prec_level), future)
+
+
+def scales_model(num_steps=None, *, y=None, mask=None, obs_scale=200.0, level_scale=100.0, future=0):
+    """The local level with half-normal priors on both noise scales (sds, in flow units).
+
+    obs_sd ~ HalfNormal(obs_scale), level_sd ~ HalfNormal(level_scale). Given
+    the two scales the model is the conjugate chain Gaussian, so
+    ``blrppl.Integrated`` integrates them on a 2-D grid over exact Kalman
+    smoothers.
+    """
+    length = num_steps if y is None else y.shape[0]
+    obs_sd = numpyro.sample("obs_sd", dist.HalfNormal(obs_scale))
+    level_sd = numpyro.sample("level_sd", dist.HalfNormal(level_scale))
+    _local_level(length, y, mask, obs_sd, level_sd, future)
 
 
 def data():

@@ -118,3 +118,59 @@ def linear_regression(X, y, alpha_sd=10.0, beta_sd=1.0, sigma_scale=1.0, num=400
     log_lik = -0.5 * n * LOG_2PI - n * u - 0.5 * log_det - 0.5 * quad
     log_prior = 0.5 * np.log(2.0 / np.pi) - np.log(sigma_scale) - 0.5 * (sigma / sigma_scale) ** 2
     return Reference(u, log_lik + log_prior + u, mean, cov, sigma, ("sigma", {"alpha": 0, "beta": slice(1, None)}))
+
+
+def local_level(y, obs_scale, level_scale, initial_mean, initial_sd, num=(200, 320), reach=((1.5, 6.5), (-14.0, 6.0))):
+    """level_0 ~ N(m0, s0²), level_t ~ N(level_{t-1}, level_sd²), y_t ~ N(level_t, obs_sd²), HalfNormal sds.
+
+    A Kalman filter (log p(y | h)) and RTS smoother (p(levels | h, y)) at
+    every node of a grid over (log obs_sd, log level_sd), vectorised over
+    the nodes; the trapezoidal rule in 2-D. Returns (log p(y), moments) with
+    moments: site -> (mean, sd) for ``obs_sd``, ``level_sd`` and ``level``
+    (level_0, ..., level_T).
+    """
+    y = np.asarray(y, float)
+    u1 = np.linspace(*reach[0], num[0])
+    u2 = np.linspace(*reach[1], num[1])
+    g1, g2 = np.meshgrid(u1, u2, indexing="ij")
+    obs_var, level_var = np.exp(2 * g1).ravel(), np.exp(2 * g2).ravel()
+    T, G = y.shape[0], obs_var.shape[0]
+    filtered_m, filtered_p = np.empty((T + 1, G)), np.empty((T + 1, G))
+    m, p = np.full(G, initial_mean), np.full(G, initial_sd**2)
+    filtered_m[0], filtered_p[0] = m, p
+    log_lik = np.zeros(G)
+    for t in range(T):
+        p = p + level_var
+        s = p + obs_var
+        log_lik += -0.5 * ((y[t] - m) ** 2 / s + np.log(2 * np.pi * s))
+        gain = p / s
+        m, p = m + gain * (y[t] - m), (1 - gain) * p
+        filtered_m[t + 1], filtered_p[t + 1] = m, p
+    smooth_m, smooth_p = np.empty_like(filtered_m), np.empty_like(filtered_p)
+    smooth_m[T], smooth_p[T] = m, p
+    for t in range(T - 1, -1, -1):
+        predicted = filtered_p[t] + level_var
+        back = filtered_p[t] / predicted
+        smooth_m[t] = filtered_m[t] + back * (smooth_m[t + 1] - filtered_m[t])
+        smooth_p[t] = filtered_p[t] + back**2 * (smooth_p[t + 1] - predicted)
+    log_prior = sum(
+        0.5 * np.log(2 / np.pi) - np.log(scale) - 0.5 * np.exp(2 * u) / scale**2 + u
+        for u, scale in ((g1.ravel(), obs_scale), (g2.ravel(), level_scale))
+    )
+    log_joint = log_lik + log_prior
+    w = np.exp(log_joint - log_joint.max()).reshape(num)
+    w[[0, -1], :] *= 0.5
+    w[:, [0, -1]] *= 0.5
+    cell = (u1[1] - u1[0]) * (u2[1] - u2[0])
+    log_evidence = log_joint.max() + np.log(np.sum(w) * cell)
+    w = (w / np.sum(w)).ravel()
+    edge = np.ones(num, bool)
+    edge[1:-1, 1:-1] = False
+    assert np.sum(w[edge.ravel()]) < 1e-9, "the reference grid is too small"
+    moments = {}
+    for name, values in (("obs_sd", np.exp(g1).ravel()), ("level_sd", np.exp(g2).ravel())):
+        mean = np.sum(w * values)
+        moments[name] = (mean, np.sqrt(np.sum(w * values**2) - mean**2))
+    mean = smooth_m @ w
+    moments["level"] = (mean, np.sqrt((smooth_p + smooth_m**2) @ w - mean**2))
+    return log_evidence, moments

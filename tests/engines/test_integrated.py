@@ -25,7 +25,7 @@ from blrppl.blr.integrate.options import make_integrated_config
 from blrppl.errors import IntegrationWarning
 from models import eight_schools_centered as centred
 from models import eight_schools_noncentered as noncentred
-from models import linear_regression
+from models import linear_regression, nile
 from tests.engines import integrated_references as references
 
 MOMENT_TOL = 1e-3  # of a reference sd (means) and relative (sds); the issue asks 0.05 and 5%
@@ -190,3 +190,17 @@ def test_model_errors_name_the_site_and_the_remedy(model, options, words):
     for word in words:
         assert word in str(error.value)
 
+
+
+def test_nile_with_both_scales_unknown_is_the_quadrature():
+    """Two hyperparameters (half-normal sds) over exact Kalman smoothers: a 2-D grid."""
+    args, kwargs = nile.data()
+    log_evidence, moments = references.local_level(kwargs["y"], 200.0, 100.0, nile.INITIAL_MEAN, nile.INITIAL_SD)
+    result = blrppl.Integrated(nile.scales_model).run(jax.random.key(0), 30, *args, **kwargs)
+    assert result.hyper == ("obs_sd", "level_sd") and result.inner == "exact" and result.diagnostics.ok
+    assert abs(result.log_marginal_likelihood - log_evidence) < EVIDENCE_TOL
+    for site in ("obs_sd", "level_sd", "level"):
+        mean, sd = moments[site]
+        posterior = result.posterior[site]
+        np.testing.assert_array_less(np.abs(np.asarray(posterior.mean) - mean) / sd, MOMENT_TOL, err_msg=site)
+        np.testing.assert_array_less(np.abs(np.sqrt(np.asarray(posterior.variance)) / sd - 1.0), MOMENT_TOL, err_msg=site)

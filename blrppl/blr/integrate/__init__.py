@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
+import itertools
+
 import jax
 import numpy as np
 
@@ -56,6 +58,8 @@ class Diagnostics(NamedTuple):
       capped: the grid stopped at ``max_nodes`` or its largest reach before
         the density had dropped in every direction.
       inner_converged: every iterative inner fit settled within ``inner_steps``.
+      experimental: the inner fits are Laplace's (INLA-like), a route not yet
+        validated against a reference.
     """
 
     converged: bool
@@ -65,6 +69,7 @@ class Diagnostics(NamedTuple):
     best_above_mode: float
     capped: bool
     inner_converged: bool
+    experimental: bool = False
 
     @property
     def problems(self) -> list:
@@ -84,6 +89,8 @@ class Diagnostics(NamedTuple):
             out.append(f"a grid node lies {self.best_above_mode:.3g} above the mode found (another mode?)")
         if not self.inner_converged:
             out.append("some inner fits did not settle within inner_steps")
+        if self.experimental:
+            out.append("q(c | h) and log p(y | h) are Laplace approximations (inner='laplace'), a route not yet validated")
         return out
 
     @property
@@ -163,7 +170,7 @@ def integrate(
         value = evaluate(conditional, np.zeros((1, 0)), arrays, states=False)
         mode = ModeSearch(np.zeros(0), float(value[0]), np.zeros(0), np.zeros((0, 0)), value, 1, True)
     else:
-        mode = find_mode(lambda u: evaluate(conditional, u, arrays, states=False), u0, num_steps)
+        mode = find_mode(lambda u: evaluate(conditional, u, arrays, states=False), u0, num_steps, _scouts(space, choice))
     coords = standardise(mode.u, mode.hessian)
     step = options.step if options.step is not None else default_step(space.dim)
     grid = build_grid(conditional, arrays, coords, float(mode.value), step, options.drop, options.max_nodes)
@@ -175,8 +182,28 @@ def integrate(
         best_above_mode=grid.best_above_mode,
         capped=grid.capped,
         inner_converged=conditional.num_steps == 1 or grid.inner_steps < conditional.num_steps,
+        experimental=choice.inner == "laplace",
     )
     return IntegratedFit(choice, plan, conditional, arrays, mode, grid, diagnostics, options)
+
+
+def _scouts(space: Any, choice: HyperChoice) -> np.ndarray:
+    """Candidate starts on u: every combination of the sites' prior quantiles (their diagonal
+    when there are more than ``MAX_SCOUTS``), each site's values taken together."""
+    per_site = []
+    for site, transform in zip(space.sites, space.transforms):
+        values = np.asarray(choice.starts[site], np.float64)
+        per_site.append(np.asarray(transform.inv(values)).reshape(values.shape[0], -1))
+    count = per_site[0].shape[0]
+    combos = itertools.product(range(count), repeat=len(per_site))
+    if count ** len(per_site) > MAX_SCOUTS:
+        combos = ((i,) * len(per_site) for i in range(count))
+    scouts = np.asarray([np.concatenate([part[i] for part, i in zip(per_site, combo)]) for combo in combos])
+    return scouts[np.all(np.isfinite(scouts), axis=1)]
+
+
+#: The most candidate starts evaluated before the mode search (one call of the compiled fit).
+MAX_SCOUTS = 25
 
 
 def _choose(model, model_args, model_kwargs, options, memo) -> tuple:

@@ -13,10 +13,12 @@ the smallest such set (by its dimension on the unconstrained space):
    exact on q(c | h) and its ELBO is log p(y | h) + log p(h) (the prior of h
    read at the held values). Gamma precisions that are conjugate under
    mean-field still go into h when they join a chain to another latent.
-2. *Laplace* (INLA-like, Rue, Martino & Chopin 2009): when no small h makes
-   every factor conjugate, h is every latent whose q is not a Gaussian on the
-   real line and c, one Gaussian block over the rest, is fitted by Laplace's
-   method; its evidence is Laplace's approximation of log p(y | h).
+2. *Laplace* (INLA-like, Rue, Martino & Chopin 2009), only with
+   ``inner="laplace"`` (experimental: not yet validated against a reference,
+   and every such result is flagged): h is every latent whose q is not a
+   Gaussian on the real line and c, one Gaussian block over the rest, is
+   fitted by Laplace's method; its evidence is Laplace's approximation of
+   log p(y | h).
 
 h is held as point estimates of the conditional plan (built with
 ``fixed_params``: no M-step), so
@@ -30,6 +32,9 @@ import itertools
 import math
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
+import jax
+import numpy as np
+
 from blrppl.blr.config import Config, make_config
 from blrppl.blr.integrate.options import IntegratedConfig
 from blrppl.blr.plan import Plan, joint_gaussian_blocks, make_plan, param_examples
@@ -40,6 +45,9 @@ from blrppl.graph import build_graph
 from blrppl.graph.families import variable_q
 from blrppl.graph.nodes import FactorGraph
 
+#: Prior quantiles of h tried as starts of the mode search, and the prior draws they come from.
+QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)
+PRIOR_DRAWS = 1000
 #: At most this many exact candidates are planned (symbolically analysed) before
 #: the Laplace route is tried.
 MAX_EXACT_ATTEMPTS = 3
@@ -56,6 +64,8 @@ class HyperChoice(NamedTuple):
       inner: ``"exact"`` or ``"laplace"``.
       config: the conditional fit's :class:`~blrppl.blr.config.Config`.
       reason: why these sites (for messages and the result).
+      starts: site -> prior quantiles ``QUANTILES`` of the site, shape
+        ``(len(QUANTILES), *shape)``: candidate starts of the mode search.
     """
 
     sites: tuple
@@ -63,6 +73,7 @@ class HyperChoice(NamedTuple):
     inner: str
     config: Config
     reason: str
+    starts: Mapping[str, Any] = {}
 
     @property
     def dim(self) -> int:
@@ -124,6 +135,13 @@ def choose_hyper(model: Callable, model_args: tuple, model_kwargs: Mapping[str, 
         if planned is not None:
             return planned
     if laplace_set is not None and sum(sizes[v] for v in laplace_set) <= options.max_dim:
+        if options.inner == "auto":
+            raise ModelError(
+                f"site {laplace_set[0]!r}: no set of at most {options.max_dim} dimensions makes the rest of the "
+                "model conjugate, so q(c | h) cannot be exact; Integrated's Laplace inner fits (INLA-like) are "
+                "experimental (results flagged as such): ask for them with inner='laplace', or use "
+                "blrppl.NonConjugateVI."
+            )
         reason = (
             f"no set of at most {options.max_dim} dimensions makes every factor conjugate; the latents "
             "whose q is not a Gaussian on the real line are integrated, the others fitted by Laplace's method"
@@ -144,6 +162,20 @@ def choose_hyper(model: Callable, model_args: tuple, model_kwargs: Mapping[str, 
         f"site {name!r}: no hyperparameters make the rest of the model conjugate or Gaussian (discrete "
         "latents or chains meet non-conjugate factors); use blrppl.NonConjugateVI or blrppl.VMP."
     )
+
+
+def prior_starts(graph: FactorGraph, sites: Sequence[str]) -> dict:
+    """Site -> the prior's ``QUANTILES`` (from a fixed set of prior draws), the mode search's scouts.
+
+    A start where the prior puts mass matters: the points that hold h in the
+    plan (the prior mean, or 1 for a positive site) may lie where log p(y | h)
+    is many thousands of units down and far from quadratic.
+    """
+    out = {}
+    for v in sites:
+        draws = np.asarray(graph.variables[v].prior.sample(jax.random.key(0), (PRIOR_DRAWS,)))
+        out[v] = np.quantile(draws, QUANTILES, axis=0)
+    return out
 
 
 def _gaussian_on_reals(q: Any) -> bool:
@@ -238,13 +270,14 @@ def _plan_exact(model, model_args, model_kwargs, graph, qs, sites, blocks, sizes
         plan = make_plan(model, model_args, model_kwargs, config)
     except ModelError:
         return None
-    return HyperChoice(tuple(sites), tuple(sizes[v] for v in sites), "exact", config, reason), plan
+    choice = HyperChoice(tuple(sites), tuple(sizes[v] for v in sites), "exact", config, reason, prior_starts(graph, sites))
+    return choice, plan
 
 
 def _plan_laplace(model, model_args, model_kwargs, graph, sizes, sites, options, reason) -> tuple:
     config = laplace_config(graph, sites, options)
     plan = make_plan(model, model_args, model_kwargs, config)
-    choice = HyperChoice(tuple(sites), tuple(sizes[v] for v in sites), "laplace", config, reason)
+    choice = HyperChoice(tuple(sites), tuple(sizes[v] for v in sites), "laplace", config, reason, prior_starts(graph, sites))
     return choice, plan
 
 

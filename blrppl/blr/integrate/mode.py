@@ -81,7 +81,7 @@ def derivatives(values: np.ndarray, k: int, step: float) -> tuple[float, np.ndar
     return float(f0), grad, hessian
 
 
-def find_mode(log_joint: Callable[[np.ndarray], np.ndarray], u0: Any, num_steps: int) -> ModeSearch:
+def find_mode(log_joint: Callable[[np.ndarray], np.ndarray], u0: Any, num_steps: int, scouts: Any = None) -> ModeSearch:
     """Maximise f from ``u0`` in at most ``num_steps`` steps (module docstring).
 
     Each step: the damped Newton direction d (``-H + λ I`` positive
@@ -98,9 +98,16 @@ def find_mode(log_joint: Callable[[np.ndarray], np.ndarray], u0: Any, num_steps:
         (vmapped calls of the conditional fit).
       u0: the start, shape (k,).
       num_steps: the most steps.
+      scouts: other candidate starts, shape (n, k) (prior quantiles): the
+        search starts from the best of u0 and these (one call).
     """
     u = np.asarray(u0, dtype=np.float64)
     k = u.shape[0]
+    if scouts is not None and len(scouts):
+        candidates = np.concatenate([u[None], np.asarray(scouts, np.float64).reshape(-1, k)])
+        values = log_joint(candidates)
+        values = np.where(np.isfinite(values), values, -np.inf)
+        u = candidates[int(np.argmax(values))]
     eye = np.eye(k)
     value, grad, hessian = derivatives(log_joint(stencil(u, DIFFERENCE_STEP)), k, DIFFERENCE_STEP)
     if not np.isfinite(value):
