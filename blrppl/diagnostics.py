@@ -315,13 +315,22 @@ def pareto_k(result: Any, rng_key: jax.Array, num_samples: int = 1000) -> Pareto
       >>> diagnostic = result.pareto_k(jax.random.key(1))  # doctest: +SKIP
       >>> diagnostic.verdict in ("exact", "good")  # doctest: +SKIP
     """
+    log_ratio, magnitude, q_sites = _importance_draws(result, rng_key, num_samples)
+    return pareto_k_of_ratios(log_ratio, magnitude, collapsed_sites(result, q_sites))
+
+
+def pareto_k_of_ratios(log_ratio: jax.Array, magnitude: jax.Array, collapsed: tuple = ()) -> ParetoK:
+    """PSIS k and ESS of given log importance ratios (``(S,)``; NaN counts as a zero ratio).
+
+    ``magnitude`` is the scale of each ratio's rounding error (see
+    :func:`pareto_k`); ``collapsed`` names sites whose q has collapsed.
+    """
     from blrppl.arviz_io import import_arviz
 
-    log_ratio, magnitude, q_sites = _importance_draws(result, rng_key, num_samples)
-    eps = float(jnp.finfo(log_ratio.dtype).eps)
+    num_samples = int(np.shape(log_ratio)[0])
+    eps = float(jnp.finfo(jnp.asarray(log_ratio).dtype).eps)
     log_ratio = np.asarray(log_ratio, dtype=np.float64)
     log_ratio = np.where(np.isnan(log_ratio), -np.inf, log_ratio)
-    collapsed = collapsed_sites(result, q_sites)
     finite = np.isfinite(log_ratio)
     if not finite.any():
         return ParetoK(math.inf, 0.0, num_samples, collapsed)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import jax
 
 from blrppl.blr.integrate import integrate
 from blrppl.engines import presets
+from blrppl.errors import IntegrationWarning
 from blrppl.integrated_result import IntegratedResult
 
 
@@ -62,7 +64,8 @@ class Integrated:
             hyper=hyper, max_dim=max_dim, drop=drop, step=step, inner=inner, inner_steps=inner_steps,
             max_nodes=max_nodes, families=families,
         )
-        # Compiled conditional fits by plan signature: the only state an engine keeps.
+        # Compiled conditional fits by plan signature, and the choice of h by data shapes:
+        # a memo, the only state an engine keeps.
         self._conditionals: dict = {}
 
     def run(self, rng_key: jax.Array, num_steps: int, *model_args: Any, progress_bar: bool = True, **model_kwargs: Any) -> IntegratedResult:
@@ -79,10 +82,6 @@ class Integrated:
             raise ValueError(f"num_steps must be a positive integer, got {num_steps}.")
         fit = integrate(self.model, model_args, model_kwargs, self.config, int(num_steps), self._conditionals)
         if not fit.diagnostics.ok:
-            import warnings
-
-            from blrppl.errors import IntegrationWarning
-
             warnings.warn(
                 "Integrated: the grid over " + ", ".join(repr(s) for s in fit.choice.sites) + " is not to be trusted: "
                 + "; ".join(fit.diagnostics.problems) + ".",
