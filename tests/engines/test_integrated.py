@@ -144,9 +144,12 @@ def test_an_untrustworthy_grid_warns_and_says_why(schools):
 def test_diagnostics_name_each_problem():
     fine = Diagnostics(True, True, 0.0, 1, 0.0, False, True)
     assert fine.ok and fine.problems == []
-    bad = Diagnostics(False, False, 0.1, 2, 3.0, True, False)
+    bad = Diagnostics(False, False, 0.1, 2, 3.0, True, False, experimental=True, num_non_finite=3)
     text = " ".join(bad.problems)
-    for words in ("did not converge", "not negative definite", "edge", "2 local maxima", "above the mode", "inner"):
+    words_each = ("did not converge", "not negative definite", "edge", "cut off", "2 local maxima", "above the mode", "inner",
+                  "not finite at 3", "Laplace approximations")
+    assert len(bad.problems) == len(words_each)
+    for words in words_each:
         assert words in text
 
 

@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional
 import itertools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from blrppl.blr.integrate.conditional import Conditional, build_conditional
@@ -60,6 +61,8 @@ class Diagnostics(NamedTuple):
       inner_converged: every iterative inner fit settled within ``inner_steps``.
       experimental: the inner fits are Laplace's (INLA-like), a route not yet
         validated against a reference.
+      num_non_finite: grid nodes where log p(y, h) was not finite (the
+        conditional fit overflowed, e.g. in float32 at extreme h).
     """
 
     converged: bool
@@ -70,6 +73,7 @@ class Diagnostics(NamedTuple):
     capped: bool
     inner_converged: bool
     experimental: bool = False
+    num_non_finite: int = 0
 
     @property
     def problems(self) -> list:
@@ -89,6 +93,11 @@ class Diagnostics(NamedTuple):
             out.append(f"a grid node lies {self.best_above_mode:.3g} above the mode found (another mode?)")
         if not self.inner_converged:
             out.append("some inner fits did not settle within inner_steps")
+        if self.num_non_finite:
+            out.append(
+                f"log p(y, h) was not finite at {self.num_non_finite} grid nodes, left out of the integral "
+                "(the conditional fit overflowed; in float32, try float64)"
+            )
         if self.experimental:
             out.append("q(c | h) and log p(y | h) are Laplace approximations (inner='laplace'), a route not yet validated")
         return out
@@ -170,7 +179,7 @@ def integrate(
         value = evaluate(conditional, np.zeros((1, 0)), arrays, states=False)
         mode = ModeSearch(np.zeros(0), float(value[0]), np.zeros(0), np.zeros((0, 0)), value, 1, True)
     else:
-        mode = find_mode(lambda u: evaluate(conditional, u, arrays, states=False), u0, num_steps, _scouts(space, choice))
+        mode = find_mode(lambda u: evaluate(conditional, u, arrays, states=False), u0, num_steps, _scouts(space, choice), float(jnp.finfo(jnp.result_type(float)).eps))
     coords = standardise(mode.u, mode.hessian)
     step = options.step if options.step is not None else default_step(space.dim)
     grid = build_grid(conditional, arrays, coords, float(mode.value), step, options.drop, options.max_nodes)
@@ -183,6 +192,7 @@ def integrate(
         capped=grid.capped,
         inner_converged=conditional.num_steps == 1 or grid.inner_steps < conditional.num_steps,
         experimental=choice.inner == "laplace",
+        num_non_finite=grid.num_non_finite,
     )
     return IntegratedFit(choice, plan, conditional, arrays, mode, grid, diagnostics, options)
 

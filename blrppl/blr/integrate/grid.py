@@ -100,6 +100,7 @@ class Grid(NamedTuple):
       best_above_mode: how far the best node's f lies above f(u*).
       capped: the grid stopped at ``max_nodes`` or at the largest reach.
       inner_steps: the most inner steps any kept node took.
+      num_non_finite: evaluated nodes where f was not finite (left out).
     """
 
     lattice: np.ndarray
@@ -116,6 +117,7 @@ class Grid(NamedTuple):
     best_above_mode: float
     capped: bool
     inner_steps: int
+    num_non_finite: int = 0
 
 
 def chunk_size(dim: int) -> int:
@@ -281,6 +283,7 @@ def build_grid(conditional: Any, arrays: Any, coords: Standardised, top: float, 
         best_above_mode=float(best - top),
         capped=bool(capped),
         inner_steps=int(np.max(np.concatenate(steps)[keep])) if keep.size else 0,
+        num_non_finite=int(np.sum(~np.isfinite(flat))),
     )
 
 

@@ -81,7 +81,9 @@ def derivatives(values: np.ndarray, k: int, step: float) -> tuple[float, np.ndar
     return float(f0), grad, hessian
 
 
-def find_mode(log_joint: Callable[[np.ndarray], np.ndarray], u0: Any, num_steps: int, scouts: Any = None) -> ModeSearch:
+def find_mode(
+    log_joint: Callable[[np.ndarray], np.ndarray], u0: Any, num_steps: int, scouts: Any = None, eps: float = 2.0**-52
+) -> ModeSearch:
     """Maximise f from ``u0`` in at most ``num_steps`` steps (module docstring).
 
     Each step: the damped Newton direction d (``-H + λ I`` positive
@@ -100,16 +102,23 @@ def find_mode(log_joint: Callable[[np.ndarray], np.ndarray], u0: Any, num_steps:
       num_steps: the most steps.
       scouts: other candidate starts, shape (n, k) (prior quantiles): the
         search starts from the best of u0 and these (one call).
+      eps: the machine epsilon of f's dtype: in float32 f carries rounding
+        of ~eps |f|, so the difference step and the tolerances grow with it
+        (``_precision``).
     """
     u = np.asarray(u0, dtype=np.float64)
     k = u.shape[0]
+    step, decrement_tol = DIFFERENCE_STEP, DECREMENT_TOL
     if scouts is not None and len(scouts):
         candidates = np.concatenate([u[None], np.asarray(scouts, np.float64).reshape(-1, k)])
         values = log_joint(candidates)
         values = np.where(np.isfinite(values), values, -np.inf)
         u = candidates[int(np.argmax(values))]
     eye = np.eye(k)
-    value, grad, hessian = derivatives(log_joint(stencil(u, DIFFERENCE_STEP)), k, DIFFERENCE_STEP)
+    value, grad, hessian = derivatives(log_joint(stencil(u, step)), k, step)
+    if np.isfinite(value):
+        step, decrement_tol = _precision(eps, value)
+        value, grad, hessian = derivatives(log_joint(stencil(u, step)), k, step) if step != DIFFERENCE_STEP else (value, grad, hessian)
     if not np.isfinite(value):
         raise FloatingPointError(
             "log p(y, h) is not finite at the start of the mode search (h from the prior); the model's "
@@ -129,27 +138,40 @@ def find_mode(log_joint: Callable[[np.ndarray], np.ndarray], u0: Any, num_steps:
             direction = grad / (1.0 + np.max(np.abs(grad)))
         direction = direction * min(1.0, MAX_STEP / max(float(np.max(np.abs(direction))), 1e-300))
         # One call: the stencil around the full step and the shorter steps of the line search.
-        full = stencil(u + direction, DIFFERENCE_STEP)
+        full = stencil(u + direction, step)
         shorter = u + lengths[1:, None] * direction
         values = log_joint(np.concatenate([full, shorter]))
         values = np.where(np.isfinite(values), values, -np.inf)
-        tol = 64.0 * np.finfo(np.float64).eps * (1.0 + abs(value))
+        tol = 64.0 * eps * (1.0 + abs(value))
         if values[0] >= value - tol:  # the Newton step is taken: its derivatives are at hand
             u = full[0]
-            value, grad, hessian = derivatives(values[: len(full)], k, DIFFERENCE_STEP)
+            value, grad, hessian = derivatives(values[: len(full)], k, step)
         else:
             best = int(np.argmax(values[len(full) :]))
             if values[len(full) + best] < value - tol:
                 trace.append(value)
                 break  # no step along d raises f: at the mode to rounding, or stuck
             u = shorter[best]
-            value, grad, hessian = derivatives(log_joint(stencil(u, DIFFERENCE_STEP)), k, DIFFERENCE_STEP)
+            value, grad, hessian = derivatives(log_joint(stencil(u, step)), k, step)
         trace.append(value)
-        converged = _decrement(grad, hessian) < DECREMENT_TOL
+        converged = _decrement(grad, hessian) < decrement_tol
         if converged:
             break
-    converged = converged or _decrement(grad, hessian) < DECREMENT_TOL
+    converged = converged or _decrement(grad, hessian) < decrement_tol
     return ModeSearch(u, value, grad, hessian, np.asarray(trace), len(trace), bool(converged))
+
+
+def _precision(eps: float, value: float) -> tuple[float, float]:
+    """The difference step and the decrement tolerance for f rounded to ``eps`` |f|.
+
+    Second differences err by ~noise / step² and by ~step² from f's
+    curvature, balanced at step ~ noise^(1/4): 1e-3 in float64 (the floor),
+    ~0.05 in float32; the gradient's noise, ~noise / step, bounds the
+    decrement a search can reach.
+    """
+    noise = eps * (1.0 + abs(value))
+    step = max(DIFFERENCE_STEP, noise**0.25)
+    return step, max(DECREMENT_TOL, 100.0 * (noise / step) ** 2 + 100.0 * noise)
 
 
 def _decrement(grad: np.ndarray, hessian: np.ndarray) -> float:
