@@ -3,9 +3,11 @@
 mu ~ Normal(0, 2),   sigma ~ HalfNormal(1),   alpha_j ~ Normal(mu, sigma)  (J groups)
 beta ~ Normal(0, 2),   y_n ~ Bernoulli(logits = alpha[group_n] + beta x_n)
 
-No set of a few latents makes the Bernoulli likelihood conjugate, so
-``blrppl.Integrated`` integrates the group scale sigma on a grid over Laplace
-fits of (mu, alpha, beta) given sigma (INLA-like).
+No set of a few latents makes the Bernoulli likelihood conjugate:
+``blrppl.Integrated(model)`` says so (a ``ModelError``), and
+``Integrated(model, inner="laplace")`` integrates the group scale sigma on a
+grid over Laplace fits of (mu, alpha, beta) given sigma (INLA-like; an
+experimental route whose results are flagged as not validated).
 """
 
 import jax.numpy as jnp

@@ -25,7 +25,7 @@ from blrppl.blr.integrate.options import make_integrated_config
 from blrppl.errors import IntegrationWarning
 from models import eight_schools_centered as centred
 from models import eight_schools_noncentered as noncentred
-from models import linear_regression, nile
+from models import hierarchical_logistic, linear_regression, nile
 from tests.engines import integrated_references as references
 
 MOMENT_TOL = 1e-3  # of a reference sd (means) and relative (sds); the issue asks 0.05 and 5%
@@ -207,3 +207,12 @@ def test_nile_with_both_scales_unknown_is_the_quadrature():
         posterior = result.posterior[site]
         np.testing.assert_array_less(np.abs(np.asarray(posterior.mean) - mean) / sd, MOMENT_TOL, err_msg=site)
         np.testing.assert_array_less(np.abs(np.sqrt(np.asarray(posterior.variance)) / sd - 1.0), MOMENT_TOL, err_msg=site)
+
+
+def test_no_exact_conditional_is_a_model_error_that_names_the_alternatives():
+    """A logistic likelihood: no small h makes the rest conjugate (Laplace inner fits only on request)."""
+    args, kwargs = hierarchical_logistic.data()
+    with pytest.raises(blrppl.ModelError) as error:
+        blrppl.Integrated(hierarchical_logistic.model).run(jax.random.key(0), 5, *args, **kwargs)
+    for word in ("'sigma'", "cannot be exact", "inner='laplace'", "NonConjugateVI"):
+        assert word in str(error.value)
