@@ -58,6 +58,13 @@ class Reference:
         for name, index in names[1].items():
             self.latent[name] = (mean[index], sd[index])
 
+    def latent_covariance(self, index):
+        """Cov[c_index | y] for a slice of the conjugate latents: within- plus between-node parts."""
+        m, c = self.means[:, index], self.covs[:, index, index]
+        mean = self.weights @ m
+        second = np.einsum("n,nij->ij", self.weights, c) + np.einsum("n,ni,nj->ij", self.weights, m, m)
+        return second - np.outer(mean, mean)
+
     def latent_log_density(self, index, x):
         """log p(c_index = x | y): the Gaussian mixture over the grid."""
         m, v = self.means[:, index], self.covs[:, index, index]

@@ -69,6 +69,13 @@ def test_eight_schools_moments_are_the_quadrature(schools, schools_reference, na
     result = schools[name][1]
     sites = ("mu", "tau", "theta") if name == "centred" else ("mu", "tau")
     assert_moments(result.posterior, schools_reference, sites)
+    if name == "centred":  # theta's mixture covariance: within-node (joint block) plus between-node parts
+        theta = result.posterior["theta"]
+        assert theta.event_shape == (8,) and theta.covariance_matrix.shape == (8, 8)
+        np.testing.assert_allclose(np.diag(theta.covariance_matrix), theta.variance, rtol=1e-10)
+        reference = schools_reference.latent_covariance(slice(1, None))
+        scale = np.sqrt(np.outer(np.diag(reference), np.diag(reference)))
+        np.testing.assert_array_less(np.abs(np.asarray(theta.covariance_matrix) - reference) / scale, MOMENT_TOL)
 
 
 def test_noncentred_theta_from_joint_draws_has_the_posterior_spread(schools, schools_reference):
