@@ -4,7 +4,10 @@ Families convert themselves (``family.to_numpyro``). A Gaussian on an
 unconstrained space is pushed through its transform; numpyro has no
 ``mean``/``variance`` for such a distribution, so :class:`TransformedGaussian`
 computes them by Gauss-Hermite quadrature on each coordinate's marginal (exact
-to quadrature precision for elementwise transforms such as ``exp``).
+to quadrature precision for elementwise transforms such as ``exp``), or from a
+fixed set of joint draws for transforms that mix coordinates (``CorrCholesky``).
+A Gaussian over a value with several joint axes is one flat block, shown in
+the value's shape (:class:`ReshapedGaussian`).
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 
 QUADRATURE_POINTS = 64
+JOINT_DRAWS = 10_000
 
 
 class TransformedGaussian(dist.TransformedDistribution):
@@ -35,6 +40,11 @@ class TransformedGaussian(dist.TransformedDistribution):
         super().__init__(base, transform)
 
     def _moment(self, power: int) -> Any:
+        if not _elementwise(self.transforms):
+            # A transform that mixes coordinates (CorrCholesky, StickBreaking):
+            # a fixed set of joint draws (deterministic, ~1% of a sd).
+            draws = self.sample(jax.random.key(0), (JOINT_DRAWS,))
+            return jnp.mean(draws**power, axis=0)
         nodes, weights = np.polynomial.hermite_e.hermegauss(QUADRATURE_POINTS)
         weights = weights / math.sqrt(2.0 * math.pi)
         u = self._loc[..., None] + self._scale[..., None] * nodes
@@ -51,22 +61,66 @@ class TransformedGaussian(dist.TransformedDistribution):
         return self._moment(2) - m**2
 
 
+def _elementwise(transforms) -> bool:
+    """Whether every transform acts on each coordinate alone (exp, sigmoid, affine, ...)."""
+    for t in transforms:
+        while isinstance(t, dist.transforms.IndependentTransform):
+            t = t.base_transform
+        if isinstance(t, dist.transforms.ReshapeTransform):  # loc and scale have the value's shape
+            continue
+        if t.domain.event_dim != 0 or t.codomain.event_dim != 0:
+            return False
+    return True
+
+
 def _apply_all(transforms, u):
     for t in transforms:
-        u = t(u)
+        if not isinstance(t, dist.transforms.ReshapeTransform):
+            u = t(u)
     return u
+
+
+class ReshapedGaussian(dist.TransformedDistribution):
+    """A full-covariance Gaussian over a flat vector, shown in its value's shape.
+
+    The q of a latent with several joint axes (a (6, 2) matrix without plates)
+    is one Gaussian over the flattened value (C order); ``mean`` and
+    ``variance`` have the value's shape and ``covariance_matrix`` is the
+    covariance of the flattened value.
+    """
+
+    def __init__(self, base: dist.MultivariateNormal, shape: tuple):
+        self._shape = tuple(shape)
+        transform = dist.transforms.ReshapeTransform(self._shape, (math.prod(self._shape),))
+        super().__init__(base, transform)
+
+    @property
+    def mean(self):
+        loc = self.base_dist.loc
+        return jnp.reshape(loc, loc.shape[:-1] + self._shape)
+
+    @property
+    def variance(self):
+        var = jnp.diagonal(self.base_dist.covariance_matrix, axis1=-2, axis2=-1)
+        return jnp.reshape(var, var.shape[:-1] + self._shape)
+
+    @property
+    def covariance_matrix(self):
+        return self.base_dist.covariance_matrix
 
 
 def q_distribution(q: Any, natural: Any) -> dist.Distribution:
     """The numpyro distribution of one variable's q, in the site's support."""
     base = q.family.to_numpyro(natural)
+    if q.family.event_ndim == 1 and len(q.block_shape) > 1 and not q.family.chain:
+        base = ReshapedGaussian(base, q.block_shape)
     if q.transform is None:
         return base
     if q.family.event_ndim == 0:
         loc, scale = base.loc, base.scale
     else:
-        loc = base.loc
-        scale = jnp.sqrt(jnp.diagonal(base.covariance_matrix, axis1=-2, axis2=-1))
+        loc = base.mean
+        scale = jnp.sqrt(base.variance)
     return TransformedGaussian(base, q.transform, loc, scale)
 
 

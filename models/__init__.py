@@ -29,6 +29,7 @@ from models import (
     local_level_scan,
     local_linear_trend,
     logistic_regression,
+    multivariate_regression,
     nile,
     normal_mean_precision,
     poisson_regression,
@@ -72,6 +73,7 @@ ZOO: dict[str, ZooModel] = {
         ("logistic_regression", logistic_regression),
         ("poisson_regression", poisson_regression),
         ("annotation", annotation),
+        ("multivariate_regression", multivariate_regression),
     ]
 }
 

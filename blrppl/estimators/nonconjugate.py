@@ -163,6 +163,11 @@ def expectation_over(
     def gaussian_estimate(rng_key, mean, log_f):
         """Bonnet/Price site parameters of the Gaussian variables of ``log_f``."""
         marginal = {v: qs[v].marginals(mean[v]) for v in gaussians}
+        shaped = log_f
+
+        def log_f(values):  # a block over several axes is sampled flat: give it its shape
+            return shaped({**values, **{v: qs[v].value_from_family(x) for v, x in values.items() if v in gaussians}})
+
         if method == "quadrature":
             (v,) = gaussians
             value, grad = gaussian.estimate(rng_key, marginal[v], lambda x: log_f({v: x}))

@@ -209,12 +209,6 @@ def variable_q(node: Any, plates: dict, family_override: Optional[str] = None) -
             num_batch = len(shape)
         num_batch = min(num_batch, len(shape))
         family = get_family("Normal" if num_batch == len(shape) else "MultivariateNormal")
-        if len(shape) - num_batch > 1:
-            raise ModelError(
-                f"site {node.name!r}: a Gaussian q over {len(shape) - num_batch} joint axes "
-                f"{shape[num_batch:]} is not supported; declare the leading axes with "
-                "numpyro.plate or use families={site: 'DiagonalNormal'}."
-            )
         return VariableQ(node.name, family, shape, num_batch, transform, joint=joint)
     if family.index_valued:
         return VariableQ(node.name, family, shape, len(shape), transform, num_categories(node))
