@@ -17,6 +17,7 @@ from typing import Callable, NamedTuple
 from models import (
     annotation,
     ar1,
+    baseball,
     beta_bernoulli,
     eight_schools_centered,
     eight_schools_noncentered,
@@ -28,6 +29,7 @@ from models import (
     local_level_grw,
     local_level_scan,
     local_linear_trend,
+    log_mix,
     logistic_regression,
     multivariate_regression,
     nile,
@@ -74,6 +76,8 @@ ZOO: dict[str, ZooModel] = {
         ("poisson_regression", poisson_regression),
         ("annotation", annotation),
         ("multivariate_regression", multivariate_regression),
+        ("baseball", baseball),
+        ("log_mix", log_mix),
     ]
 }
 

@@ -68,6 +68,10 @@ class ExpFamily(NamedTuple):
             Gaussian's per-time marginals): estimated site parameters use
             Bonnet's and Price's theorems (Khan & Rue, Eqs. 10-11).
         prior_types: numpyro prior types whose default q is this family.
+        accepts: a test of a prior of one of ``prior_types`` (wrappers looked
+            through) narrowing them to the members of the family, for
+            distributions that are the family only for some parameters
+            (``Uniform(0, 1)`` is ``Beta(1, 1)``); None accepts them all.
         fixed_support: the support an override ``families={site: name}``
             must match exactly; None for families that take any continuous
             support (Gaussians on the unconstrained space) or check their own.
@@ -108,6 +112,7 @@ class ExpFamily(NamedTuple):
     reparameterised: bool = False
     gaussian: bool = False
     prior_types: tuple = ()
+    accepts: Optional[Callable] = None
     fixed_support: Any = None
     start_at: Optional[Callable] = None
     random_restart: bool = True

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import numpyro.distributions as dist
 from jax.scipy.special import digamma, gammaln
 from numpyro.distributions import constraints
@@ -90,12 +91,29 @@ def to_usual(natural: BetaStats) -> dict[str, Array]:
     return {"concentration1": a, "concentration0": b}
 
 
+def is_standard_uniform(d: dist.Distribution) -> bool:
+    """Whether ``d`` is ``Uniform(0, 1)`` (with concrete bounds), i.e. ``Beta(1, 1)``."""
+    if not isinstance(d, dist.Uniform):
+        return False
+    try:
+        return bool(np.all(np.asarray(d.low) == 0.0) and np.all(np.asarray(d.high) == 1.0))
+    except (TypeError, jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
+        return False
+
+
+def _accepts(d: dist.Distribution) -> bool:
+    return isinstance(d, dist.Beta) or is_standard_uniform(d)
+
+
 def from_numpyro(d: dist.Distribution) -> BetaStats:
-    """Return λ of a numpyro ``Beta``."""
+    """Return λ of a numpyro ``Beta``, or of ``Uniform(0, 1)`` (= Beta(1, 1))."""
     base = common.unwrap(d)
-    if not isinstance(base, dist.Beta):
+    if isinstance(base, dist.Beta):
+        nat = from_usual(base.concentration1, base.concentration0)
+    elif is_standard_uniform(base):
+        nat = from_usual(jnp.ones(jnp.shape(base.low)), jnp.ones(jnp.shape(base.high)))
+    else:
         raise common.not_in_family(d, "Beta")
-    nat = from_usual(base.concentration1, base.concentration0)
     shape = common.target_batch_shape(d, 0)
     return jax.tree.map(lambda v: jnp.broadcast_to(v, shape), nat)
 
@@ -147,8 +165,9 @@ BETA = ExpFamily(
     statistics=((("log", 1), "log_x"), (("log1m", 1), "log1m_x")),
     layout=elementwise_layout(),
     reparameterised=True,
-    prior_types=(dist.Beta,),
+    prior_types=(dist.Beta, dist.Uniform),
+    accepts=_accepts,
     fixed_support=constraints.unit_interval,
     start_at=start_at,
 )
-"""Beta(concentration1 α, concentration0 β) over (0, 1)."""
+"""Beta(concentration1 α, concentration0 β) over (0, 1); the default q of Beta and Uniform(0, 1) priors."""

@@ -14,8 +14,9 @@ prior                               q family
 ==================================  =============================================
 Normal                              ``"Normal"`` (scalar events),
                                     ``"MultivariateNormal"`` (``.to_event``)
-a family's ``prior_types``          that family (Gamma and Exponential: Gamma,
-                                    MultivariateNormal, InverseGamma, Beta,
+a family's ``prior_types``          that family (Gamma, Exponential and Chi2: Gamma,
+                                    MultivariateNormal, InverseGamma, Beta and
+                                    Uniform(0, 1): Beta,
                                     Dirichlet, Categorical, Bernoulli, Wishart,
                                     GaussianRandomWalk and GaussianStateSpace:
                                     ChainGaussian)
@@ -130,7 +131,8 @@ def default_family_name(d: dist.Distribution) -> Optional[str]:
         return "MultivariateNormal" if d.event_shape else "Normal"
     for family in FAMILIES.values():
         if family.prior_types and isinstance(base, family.prior_types):
-            return family.name
+            if family.accepts is None or family.accepts(base):
+                return family.name
     if d.support.is_discrete and _is_finite_discrete(d.support):
         return "Categorical"
     return None

@@ -81,6 +81,7 @@ def validate_observations(
         check_shape(trace[name], {n: trace[n] for n in dist_deps.get(name, ()) if n in trace})
     for name in checked:
         check_finite(trace[name])
+        check_delta(trace[name])
     varying = _supports_that_vary(model, model_args, model_kwargs, trace, checked, inputs)
     for name in checked:
         if name not in varying:
@@ -179,6 +180,28 @@ def check_finite(site: Mapping[str, Any]) -> None:
             "outside masked positions)",
             "drop them, or pass obs_mask= (or .mask()) so those positions become missing data",
         )
+
+
+def check_delta(site: Mapping[str, Any]) -> None:
+    """A ``Delta`` observation must equal the Delta's value (recording a deterministic value).
+
+    Raises:
+        ModelError: naming the site, for an observation that differs from the
+            Delta's value (probability zero).
+    """
+    base = base_distribution(site["fn"])
+    if not isinstance(base, dist.Delta):
+        return
+    value = np.asarray(site["value"])
+    held = np.broadcast_to(np.asarray(base.v), value.shape)
+    if np.allclose(value, held, equal_nan=True):
+        return
+    raise site_error(
+        site["name"],
+        "a Delta observation that differs from the Delta's value has probability zero",
+        "observe the value the Delta holds (numpyro.sample(name, dist.Delta(v), obs=v)), or record it "
+        "with numpyro.deterministic",
+    )
 
 
 def check_support(site: Mapping[str, Any]) -> None:

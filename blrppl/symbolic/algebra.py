@@ -303,11 +303,61 @@ def _log_one_minus(poly: Poly) -> Poly | None:
     )
 
 
+def _dense_mask(op: Operand, labels: tuple) -> np.ndarray | None:
+    """A 0/1 operand over output labels as a dense array over ``labels``, else None."""
+    array = np.asarray(op.array)
+    if not set(op.labels) <= set(labels) or not np.all((array == 0) | (array == 1)):
+        return None
+    own = list(op.labels)
+    array = np.transpose(array, [own.index(lab) for lab in labels if lab in own])
+    dims = iter(array.shape)
+    return array.reshape([next(dims) if lab in own else 1 for lab in labels]).astype(bool)
+
+
+def _log_piecewise(poly: Poly, space: Labels | None) -> Poly | None:
+    """log of an array assembled from pieces at disjoint positions, piece by piece.
+
+    ``jnp.stack([theta, 1 - theta])`` is ``theta`` where a 0/1 mask is one and
+    ``1 - theta`` where another is: its log is ``log(theta)`` on the first
+    positions and ``log(1 - theta)`` on the second, each a sufficient statistic
+    (Stan's ``log_mix`` ported with an enumerated Categorical). None when the
+    terms do not split into pieces whose masks partition the positions.
+    """
+    if not poly.shape or space is None:
+        return None
+    shape = poly.shape
+    groups: dict = {}
+    for term in poly.terms:
+        mask, rest = np.ones(shape, bool), []
+        for op in term.operands:
+            dense = _dense_mask(op, poly.labels)
+            if dense is None:
+                rest.append(op)
+            else:
+                mask = mask & np.broadcast_to(dense, shape)
+        key = mask.tobytes()
+        groups.setdefault(key, (mask, []))[1].append(Term(term.coeff, tuple(rest), term.atoms))
+    if len(groups) < 2:
+        return None
+    masks = [mask for mask, _ in groups.values()]
+    if not np.all(np.sum(masks, axis=0) == 1):
+        return None  # overlapping pieces, or positions where the array is zero
+    out = None
+    for mask, terms in groups.values():
+        piece = log(Poly(shape, poly.labels, _clean(terms), poly.selectors), space)
+        operand = Operand(mask.astype(float), poly.labels)
+        masked = Poly(shape, poly.labels, tuple(Term(t.coeff, t.operands + (operand,), t.atoms) for t in piece.terms), piece.selectors)
+        out = masked if out is None else add(out, masked, space)
+    return out
+
+
 def log(poly: Poly, space: Labels | None) -> Poly:
-    """Elementwise log: of a monomial, or of ``c (1 - x)``."""
+    """Elementwise log: of a monomial, of ``c (1 - x)``, or piecewise of such pieces."""
     term = _monomial(poly)
     if term is None:
         out = _log_one_minus(poly)
+        if out is None:
+            out = _log_piecewise(poly, space)
         if out is not None:
             return out
         raise NonConjugate(

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.scipy.special import gammaln, multigammaln
 
 from blrppl.graph.capture import ConstructorCall, constructor_call
-from blrppl.symbolic.interpret import logdet
+from blrppl.symbolic.interpret import logdet, support_bound
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -72,6 +72,28 @@ def _gamma(x, concentration, rate=1.0):
 
 def _exponential(x, rate=1.0):
     return jnp.log(rate) - rate * x
+
+
+def _chi2(x, df):
+    return _gamma(x, 0.5 * df, 0.5)  # Chi2(k) = Gamma(k / 2, 1 / 2)
+
+
+def _uniform(x, low=0.0, high=1.0):
+    # A constant on the support; Uniform(0, 1) is Beta(1, 1). Bounds that depend
+    # on a latent are the support, not a parameter of an exponential family.
+    low, high = support_bound(low), support_bound(high)
+    return -jnp.log(high - low) + 0.0 * x
+
+
+def _delta(x, v=0.0, log_density=0.0):
+    # An observation recorded with Delta(value, obs=value) (the deterministic-site
+    # idiom): its log density is the constant log_density (tracing checks obs == v).
+    del x, v
+    return jnp.asarray(log_density)
+
+
+def _geometric_probs(x, probs):
+    return jnp.log(probs) + x * jnp.log1p(-probs)
 
 
 def _inverse_gamma(x, concentration, rate=1.0):
@@ -182,6 +204,10 @@ _DENSITIES: dict[str, Callable] = {
     "MultivariateNormal": _mvn,
     "Gamma": _gamma,
     "Exponential": _exponential,
+    "Chi2": _chi2,
+    "Uniform": _uniform,
+    "Delta": _delta,
+    "GeometricProbs": _geometric_probs,
     "InverseGamma": _inverse_gamma,
     "Beta": _beta,
     "Dirichlet": _dirichlet,

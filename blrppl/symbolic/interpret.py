@@ -42,6 +42,7 @@ from blrppl.symbolic.terms import Labels, NonConjugate
 from blrppl.symbolic.values import as_poly, first_var, int_params, is_key, is_symbolic
 
 LOGDET_NAME = "blrppl_logdet"
+SUPPORT_NAME = "blrppl_support_bound"
 
 _RULES = {**rules.RULES, **categorical.RULES}
 
@@ -103,8 +104,15 @@ class Interpreter:
         raise unsupported(name, next((first_var(v) for v in invals if is_symbolic(v)), None))
 
     def _call(self, eqn: Any, invals: list) -> list:
-        if param(eqn, "name", default=None) == LOGDET_NAME:
+        name = param(eqn, "name", default=None)
+        if name == LOGDET_NAME:
             return [algebra.logdet(as_poly(invals[0], self.space))]
+        if name == SUPPORT_NAME:
+            var = next(first_var(v) for v in invals if is_symbolic(v))
+            raise NonConjugate(
+                var, f"the support of the distribution depends on {var!r}, so its density is not an "
+                "exponential family in it"
+            )
         body = call_body(eqn)
         if body is None:
             raise unsupported(eqn.primitive.name, next((first_var(v) for v in invals if is_symbolic(v)), None))
@@ -155,3 +163,16 @@ def blrppl_logdet(x: jax.Array) -> jax.Array:
 
 
 logdet = jax.jit(blrppl_logdet)
+
+
+def blrppl_support_bound(bound: jax.Array) -> jax.Array:
+    """A bound of a distribution's support (the identity); recognised symbolically.
+
+    Canonical densities pass support bounds (``Uniform``'s low and high)
+    through this, so that a bound that depends on a latent value marks the
+    factor non-conjugate instead of being read as a density parameter.
+    """
+    return bound
+
+
+support_bound = jax.jit(blrppl_support_bound)

@@ -25,7 +25,7 @@ DEFAULT_FAMILY_CASES = [
     (dist.Normal(jnp.zeros(3), 1.0), "Normal"),
     (dist.Normal(0.0, 1.0).expand([4]), "Normal"),
     (dist.Normal(jnp.zeros(3), 1.0).to_event(1), "MultivariateNormal"),
-    (dist.Normal(jnp.zeros((2, 3)), 1.0).to_event(2), None),
+    (dist.Normal(jnp.zeros((2, 3)), 1.0).to_event(2), "MultivariateNormal"),  # one block over both axes
     (dist.MultivariateNormal(jnp.zeros(2), jnp.eye(2)), "MultivariateNormal"),
     (dist.Gamma(2.0, 1.0), "Gamma"),
     (dist.Exponential(1.0).expand([3]), "Gamma"),
@@ -40,7 +40,8 @@ DEFAULT_FAMILY_CASES = [
     (dist.Wishart(3.0, jnp.eye(2)), "Wishart"),
     (dist.HalfCauchy(1.0), None),
     (dist.LogNormal(0.0, 1.0), None),
-    (dist.Uniform(0.0, 1.0), None),
+    (dist.Uniform(0.0, 1.0), "Beta"),  # Beta(1, 1)
+    (dist.Uniform(2.0, 5.0), None),
     (dist.StudentT(3.0), None),
 ]
 
