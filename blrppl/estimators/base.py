@@ -37,20 +37,30 @@ class Method(NamedTuple):
     Attributes:
       exact: neighbours whose site parameters are exact (symbolic).
       estimated: neighbours whose site parameters are estimated.
-      estimator: ``"delta"``, ``"mc"`` or ``"quadrature"`` for the estimated
-        ones (``""`` when every edge is exact).
+      estimator: ``"delta"``, ``"mc"``, ``"quadrature"`` or ``"cubature"``
+        for the estimated continuous ones, ``"enumeration"`` when every
+        estimated one is discrete (``""`` when every edge is exact).
+      enumerated: the estimated neighbours with a finite discrete q, whose
+        expectations are exact sums over their support
+        (:mod:`~blrppl.estimators.enumeration`).
     """
 
     exact: tuple[str, ...] = ()
     estimated: tuple[str, ...] = ()
     estimator: str = ""
+    enumerated: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
-        """``"exact"``, the estimator's name, or ``"exact+<estimator>"`` (a hybrid factor)."""
+        """``"exact"``, the estimator's name, ``"exact+<estimator>"`` (a hybrid
+        factor), with ``"enumeration+"`` before the estimator of continuous
+        neighbours when discrete ones are enumerated too."""
         if not self.estimated:
             return "exact"
-        return f"exact+{self.estimator}" if self.exact else self.estimator
+        name = self.estimator
+        if self.enumerated and name != "enumeration":
+            name = f"enumeration+{name}"
+        return f"exact+{name}" if self.exact else name
 
     @property
     def noisy(self) -> bool:
@@ -59,8 +69,8 @@ class Method(NamedTuple):
 
     @property
     def deterministic_estimate(self) -> bool:
-        """Estimated by a deterministic rule (delta method or quadrature)."""
-        return bool(self.estimated) and self.estimator in ("delta", "quadrature")
+        """Estimated by a deterministic rule (delta method, quadrature, cubature or enumeration)."""
+        return bool(self.estimated) and self.estimator in ("delta", "quadrature", "cubature", "enumeration")
 
     def __str__(self) -> str:
         return self.label
@@ -158,6 +168,7 @@ def factor_log_density(
     use_canonical: bool = True,
     observation_plate: Any = None,
     elementwise: bool = False,
+    split_jacobian: bool = False,
 ) -> Callable[[Mapping[str, Any], Mapping[str, Any]], jax.Array]:
     """``log f(values, params)``: one factor's log density summed over its plates.
 
@@ -172,6 +183,8 @@ def factor_log_density(
     is a vector over that plate's positions, summed over everything else.
     With ``elementwise``, it is the flattened array of per-element log
     densities (no Jacobian: for factors other than a variable's own prior).
+    With ``split_jacobian``, it is the pair (flattened per-element log
+    densities, the Jacobian term), whose sums make the log density.
     ``data`` (the model's array arguments, ``graph.data.arrays`` layout) runs
     the model on other data than it was traced with (None: the traced data).
     """
@@ -210,6 +223,8 @@ def factor_log_density(
             log_prob = jnp.where(site.mask, log_prob, 0.0)
         if site.scale is not None:
             log_prob = log_prob * site.scale
+        if split_jacobian:
+            return jnp.ravel(log_prob), jnp.asarray(jacobian, jnp.result_type(log_prob))
         if elementwise:
             return jnp.ravel(log_prob)
         if observation_plate is not None:

@@ -36,6 +36,12 @@ import numpy as np
 from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, Method, factor_log_density, owner
 from blrppl.estimators.delta import delta
+from blrppl.estimators.enumeration import (
+    ENUMERATION_BUDGET,
+    enumerated_expectation,
+    is_enumerable,
+    plan_enumeration,
+)
 from blrppl.estimators.linear_predictor import LinearPredictor, find_linear_predictor
 from blrppl.estimators.monte_carlo import monte_carlo
 from blrppl.estimators.quadrature import (
@@ -72,31 +78,38 @@ def nonconjugate_estimator(
     each predictor; ``"auto"`` picks that, or plain quadrature for small or
     separable factors of one Gaussian, or Monte Carlo.
 
+    Finite discrete neighbours (Bernoulli, Categorical) are enumerated
+    (:mod:`~blrppl.estimators.enumeration`): the estimator of the continuous
+    ones runs once per configuration of the discrete ones, and the discrete
+    site parameters are gradients of the enumerated expectation.
+
     Raises:
-      ModelError: when a neighbour's q has no reparameterised sampler
-        (Categorical, Bernoulli, chains), or quadrature is asked of a factor
-        with several Gaussian neighbours.
+      ModelError: when a neighbour's q is a discrete chain, or quadrature is
+        asked of a factor with several Gaussian neighbours, or a discrete
+        neighbour is too large to enumerate and not separable by observation.
     """
     node = graph.factors[factor]
     neighbours = tuple(node.neighbours)
     gaussians = tuple(v for v in neighbours if qs[v].family.gaussian)
-    others = tuple(v for v in neighbours if v not in gaussians)
+    discrete = tuple(v for v in neighbours if is_enumerable(qs[v]))
+    others = tuple(v for v in neighbours if v not in gaussians and v not in discrete)
     for v in others:
         if not qs[v].family.reparameterised:
             raise ModelError(
                 f"site {factor!r}: the factor is not conjugate in its neighbours ({reason}), and "
-                f"{v!r} has a {qs[v].family.name} q, which has no reparameterised sampler; "
-                "non-conjugate site parameters are implemented for Gaussian, Gamma, InverseGamma, "
-                "Beta, Dirichlet and Wishart q. Rewrite the factor so that it is conjugate in "
-                f"{v!r} (e.g. enumerate a discrete variable explicitly), or give {v!r} a "
-                "continuous prior."
+                f"{v!r} has a {qs[v].family.name} q, which has neither a reparameterised sampler nor "
+                "a finite support to enumerate; non-conjugate site parameters are implemented for "
+                "Gaussian, Gamma, InverseGamma, Beta, Dirichlet, Wishart, Bernoulli and Categorical q. "
+                f"Rewrite the factor so that it is conjugate in {v!r}."
             )
     transforms = {v: q.transform for v, q in qs.items() if q.transform is not None}
     fixed = {k: v for k, v in examples.items() if k not in neighbours}
-    if method in ("auto", "quadrature") and gaussians and not others:
+    if method in ("auto", "quadrature") and gaussians and not others and not discrete:
         found = _linear_predictor(graph, factor, qs, examples, transforms, fixed)
         if found is not None:
             return _predictor_estimator(factor, qs, *found)
+    if discrete:
+        return _enumerated_estimator(graph, factor, qs, examples, method, num_samples, discrete, reason)
     if method == "auto":
         method = _auto_method(graph, factor, qs, examples, transforms, fixed, gaussians, others)
     if method == "quadrature" and (len(gaussians) != 1 or others):
@@ -128,6 +141,46 @@ def nonconjugate_estimator(
         return expectation(rng_key, mean, lambda values: log_density(values, params, arrays.data))
 
     return FactorEstimator(factor, neighbours, Method((), neighbours, method), estimate)
+
+
+def _enumerated_estimator(graph, factor, qs, examples, method, num_samples, discrete, reason) -> FactorEstimator:
+    """Enumeration over the discrete neighbours, ``method`` over the continuous ones."""
+    node = graph.factors[factor]
+    neighbours = tuple(node.neighbours)
+    continuous = tuple(v for v in neighbours if v not in discrete)
+    gaussians = tuple(v for v in continuous if qs[v].family.gaussian)
+    others = tuple(v for v in continuous if v not in gaussians)
+    transforms = {v: q.transform for v, q in qs.items() if q.transform is not None}
+    fixed = {k: v for k, v in examples.items() if k not in neighbours}
+    if method == "auto" and continuous:
+        held = {**fixed, **{d: examples[d] for d in discrete}}
+        method = _auto_method(graph, factor, qs, examples, transforms, held, gaussians, others)
+    if method == "quadrature" and (len(gaussians) != 1 or others):
+        raise ModelError(
+            f"site {factor!r}: Gauss-Hermite quadrature needs a factor with one Gaussian neighbour "
+            f"besides the enumerated ones, this one has {list(continuous)}; use estimator='mc' or 'delta'."
+        )
+    split = factor_log_density(graph, factor, transforms, fixed, use_canonical=False, split_jacobian=True)
+    enumeration = plan_enumeration(qs, discrete, lambda values: split(values, {})[0], {v: examples[v] for v in neighbours})
+    if enumeration is None:
+        raise ModelError(
+            f"site {factor!r}: the factor is not conjugate in its neighbours ({reason}); its discrete "
+            f"neighbours {list(discrete)} have more than {ENUMERATION_BUDGET} joint values and the "
+            "factor does not read one position of each per observation; write the factor so that each "
+            "observation reads one position (as in a plate), or marginalise the discrete variable in the model."
+        )
+    expectation = expectation_over(factor, qs, continuous, method, num_samples) if continuous else None
+    enumerated = enumerated_expectation(qs, enumeration, expectation)
+    positions = None if enumeration.positions is None else {v: jnp.asarray(p) for v, p in enumeration.positions.items()}
+
+    def estimate(rng_key, mean, params, arrays, batch=None):
+        refuse_minibatch(factor, batch)
+        return enumerated(
+            rng_key, mean, lambda values: split(values, params, arrays.data), arrays.factors[factor]
+        )
+
+    name = method if continuous else "enumeration"
+    return FactorEstimator(factor, neighbours, Method((), neighbours, name, discrete), estimate, positions)
 
 
 def refuse_minibatch(factor: str, batch: Any) -> None:

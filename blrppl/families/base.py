@@ -86,6 +86,10 @@ class ExpFamily(NamedTuple):
             Schmidt & Khan 2020); None for the plain step with step halving.
         index_valued: the values are category indices (Categorical and its
             chain): the symbolic layer enumerates them where they index arrays.
+        support_probs: for a finite discrete family on {0, ..., K-1}, ``(q, μ)
+            -> probs``: the probabilities of the K values under q (shape
+            ``q.shape + (K,)``), differentiable in μ; estimators enumerate
+            such variables. None for other families.
         chain: the family is a chain over a leading time axis.
     """
 
@@ -118,6 +122,7 @@ class ExpFamily(NamedTuple):
     random_restart: bool = True
     safe_step: Optional[Callable] = None
     index_valued: bool = False
+    support_probs: Optional[Callable] = None
     chain: bool = False
 
 

@@ -111,6 +111,11 @@ def start_at(natural: BernoulliStats, value: ArrayLike) -> BernoulliStats:
     return BernoulliStats(x=jnp.where(jnp.asarray(value) > 0.5, 1.0, -1.0) * jnp.log(9.0))
 
 
+def support_probs(q, mean: BernoulliStats) -> Array:
+    """The probabilities (1 - p, p) of the support (0, 1), shaped ``q.shape + (2,)``."""
+    return jnp.stack([1.0 - mean.x, mean.x], axis=-1)
+
+
 BERNOULLI = ExpFamily(
     name="Bernoulli",
     stats_type=BernoulliStats,
@@ -133,5 +138,6 @@ BERNOULLI = ExpFamily(
     layout=elementwise_layout(),
     prior_types=(dist.BernoulliProbs, dist.BernoulliLogits),
     start_at=start_at,
+    support_probs=support_probs,
 )
 """Bernoulli over {0, 1}; λ is the logit."""

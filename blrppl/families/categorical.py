@@ -142,6 +142,11 @@ def start_at(natural: CategoricalStats, value: ArrayLike) -> CategoricalStats:
     return CategoricalStats(one_hot=jnp.log(probs))
 
 
+def support_probs(q, mean: CategoricalStats) -> Array:
+    """The probabilities π of the support 0..K-1, shaped ``q.shape + (K,)``."""
+    return mean.one_hot
+
+
 CATEGORICAL = ExpFamily(
     name="Categorical",
     stats_type=CategoricalStats,
@@ -167,5 +172,6 @@ CATEGORICAL = ExpFamily(
     start_at=start_at,
     random_restart=False,
     index_valued=True,
+    support_probs=support_probs,
 )
 """Categorical over {0, ..., K-1}; λ shaped (..., K)."""
