@@ -12,7 +12,7 @@ from blrppl.engines.nonconjugate import NonConjugateVI
 from blrppl.engines.svi import SVI
 from blrppl.engines.vmp import VMP
 from blrppl import blr
-from blrppl.errors import ModelError
+from blrppl.errors import ModelError, RuntimeDeadlock
 from blrppl.graph import FactorGraph
 from blrppl.tracing import trace
 from blrppl.results import BLRResult
@@ -33,6 +33,7 @@ __all__ = [
     "Laplace",
     "ModelError",
     "NonConjugateVI",
+    "RuntimeDeadlock",
     "SVI",
     "VMP",
     "__version__",

@@ -23,3 +23,12 @@ def site_error(site: str, problem: str, remedy: str) -> ModelError:
 
 class IntegrationWarning(UserWarning):
     """An integrated fit whose grid is not to be trusted (``result.diagnostics.problems`` says why)."""
+
+
+class RuntimeDeadlock(RuntimeError):
+    """The JAX runtime stopped making progress on a computation of a fit.
+
+    Raised by the driver's watchdog (:mod:`blrppl.blr.watchdog`) instead of
+    waiting forever; the message names the cause and the workaround
+    (``PJRT_NPROC=1``). The process's JAX runtime cannot recover from it.
+    """

@@ -23,6 +23,7 @@ from models import (
     eight_schools_noncentered,
     gamma_poisson,
     gaussian_mixture,
+    gp,
     hmm,
     linear_gaussian_ssm,
     linear_regression,
@@ -78,6 +79,7 @@ ZOO: dict[str, ZooModel] = {
         ("multivariate_regression", multivariate_regression),
         ("baseball", baseball),
         ("log_mix", log_mix),
+        ("gp", gp),
     ]
 }
 

@@ -5,7 +5,8 @@ phi_i ~ Uniform(0, 1),   hits_i ~ Binomial(at_bats_i, phi_i),   i = 1..18 player
 ``Uniform(0, 1)`` is ``Beta(1, 1)``: phi gets a Beta q and every edge is
 exact (``ConjugateBayes`` is the exact posterior). The other pooling
 variants of the numpyro example are here too (``fully_pooled``,
-``partially_pooled``, ``partially_pooled_with_logit``).
+``partially_pooled``, ``partially_pooled_with_logit``). The observed site is
+``y`` (the zoo's convention; the numpyro example calls it ``obs``).
 """
 
 import jax.numpy as jnp
@@ -21,14 +22,14 @@ def model(at_bats, *, y=None):
     """One Uniform(0, 1) chance of a hit per player (no pooling)."""
     with numpyro.plate("num_players", at_bats.shape[0]):
         phi = numpyro.sample("phi", dist.Uniform(0, 1))
-        return numpyro.sample("obs", dist.Binomial(at_bats, probs=phi), obs=y)
+        return numpyro.sample("y", dist.Binomial(at_bats, probs=phi), obs=y)
 
 
 def fully_pooled(at_bats, *, y=None):
     """One chance of a hit shared by every player."""
     phi = numpyro.sample("phi", dist.Uniform(0, 1))
     with numpyro.plate("num_players", at_bats.shape[0]):
-        return numpyro.sample("obs", dist.Binomial(at_bats, probs=phi), obs=y)
+        return numpyro.sample("y", dist.Binomial(at_bats, probs=phi), obs=y)
 
 
 def partially_pooled(at_bats, *, y=None):
@@ -37,7 +38,7 @@ def partially_pooled(at_bats, *, y=None):
     kappa = numpyro.sample("kappa", dist.Pareto(1, 1.5))
     with numpyro.plate("num_players", at_bats.shape[0]):
         phi = numpyro.sample("phi", dist.Beta(m * kappa, (1 - m) * kappa))
-        return numpyro.sample("obs", dist.Binomial(at_bats, probs=phi), obs=y)
+        return numpyro.sample("y", dist.Binomial(at_bats, probs=phi), obs=y)
 
 
 def partially_pooled_with_logit(at_bats, *, y=None):
@@ -46,9 +47,9 @@ def partially_pooled_with_logit(at_bats, *, y=None):
     scale = numpyro.sample("scale", dist.HalfCauchy(1))
     with numpyro.plate("num_players", at_bats.shape[0]):
         alpha = numpyro.sample("alpha", dist.Normal(loc, scale))
-        return numpyro.sample("obs", dist.Binomial(at_bats, logits=alpha), obs=y)
+        return numpyro.sample("y", dist.Binomial(at_bats, logits=alpha), obs=y)
 
 
 def data():
     """The 18 players of Efron & Morris, 45 at-bats each."""
-    return (jnp.full(18, 45.0),), {"y": jnp.asarray(HITS)}
+    return (jnp.full(18, 45),), {"y": jnp.asarray(HITS)}

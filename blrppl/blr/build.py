@@ -19,7 +19,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from blrppl.blr.config import Config
+from blrppl.blr.config import AUTO_NOISY_RATE, Config
 from blrppl.blr.elbo import elbo_terms, mean_params
 from blrppl.blr.incremental import build_store
 from blrppl.blr.minibatch import batch_key, minibatch, put_rows, take_rows
@@ -66,6 +66,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
       The :class:`InferenceAlgorithm`.
     """
     qs, estimators, graph = plan.qs, plan.estimators, plan.graph
+    config = config._replace(learning_rate=learning_rate(plan, config))
     rho = as_schedule(config.learning_rate)
     mode, schedule = config.mode, config.schedule
     order = tuple(config.order) if config.order is not None else tuple(qs)
@@ -194,9 +195,10 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
 
     def step(state: BLRState, arrays: Any) -> tuple[BLRState, BLRInfo]:
         r = jnp.asarray(rho(state.step + 1), dtype=jnp.result_type(float))
-        new_state, value = attempt(state, arrays, r)
         if guard and state.elbo is not None:
             # A step whose (exact) ELBO collapses is retried with ρ/2, ρ/4, ...
+            # The first attempt runs inside the loop too: the step is traced
+            # (and compiled) once, not twice.
             def collapsed(value):
                 drop = state.elbo - value
                 return ~jnp.isfinite(value) | (drop > GUARD_SLACK * (1.0 + jnp.abs(state.elbo)))
@@ -208,10 +210,12 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
                 return k + 1, candidate, v, r_k
 
             _, new_state, value, r = jax.lax.while_loop(
-                lambda c: (c[0] <= MAX_GUARD_HALVINGS) & collapsed(c[2]),
+                lambda c: (c[0] == 0) | ((c[0] <= MAX_GUARD_HALVINGS) & collapsed(c[2])),
                 retry,
-                (jnp.ones((), jnp.int32), new_state, value, r),
+                (jnp.zeros((), jnp.int32), state, jnp.asarray(state.elbo), r),
             )
+        else:
+            new_state, value = attempt(state, arrays, r)
         change = jnp.asarray(jnp.nan, value.dtype)
         if average:
             new_state, change = window_change(qs, new_state)
@@ -225,7 +229,10 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             skip=plan.imputed, rows=plan.orphans,
         )
 
-    return InferenceAlgorithm(init=init, step=step, elbo=lambda k, s, a: elbo(k, s, a), noisy=average)
+    sequential = any(est.sequential for est in estimators)
+    return InferenceAlgorithm(
+        init=init, step=step, elbo=lambda k, s, a: elbo(k, s, a), noisy=average, sequential=sequential
+    )
 
 
 START_STEPS = 50
@@ -305,6 +312,14 @@ def _guard(plan: Plan) -> bool:
     """ELBO-guarded steps where estimated site parameters are deterministic."""
     methods = [e.method for e in plan.estimators]
     return any(m.deterministic_estimate for m in methods) and not any(m.noisy for m in methods)
+
+
+def learning_rate(plan: Plan, config: Config):
+    """ρ of the fit: ``config.learning_rate``, with ``"auto"`` resolved (see :class:`Config`)."""
+    if config.learning_rate != "auto":
+        return config.learning_rate
+    cubature = any(e.method.estimator == "cubature" for e in plan.estimators)
+    return 1.0 if cubature and _guard(plan) else AUTO_NOISY_RATE
 
 
 def _average(plan: Plan, config: Config) -> bool:

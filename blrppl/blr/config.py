@@ -17,6 +17,8 @@ from blrppl.estimators.base import ESTIMATORS
 from blrppl.estimators.select import EstimatorOptions
 
 MODES = ("global", "local")
+AUTO_NOISY_RATE = 0.2
+"""ρ of ``learning_rate="auto"`` except on factors estimated by the cubature (there: 1, guarded)."""
 MAX_JOINT_SIZE = 400
 """The largest joint Gaussian block (scalars) ``joint_gaussians`` forms."""
 SCHEDULES = ("sequential", "parallel")
@@ -30,7 +32,11 @@ class Config(NamedTuple):
       schedule: ``"sequential"`` (coordinate-wise over q blocks, VMP) or
         ``"parallel"`` (every block from the same q).
       learning_rate: ρ, a float in (0, 1] or a schedule ``step -> ρ`` (steps
-        count from 1).
+        count from 1), or ``"auto"``: 1 when some factor uses the cubature
+        and every estimated site parameter is deterministic (the ELBO guard
+        then halves a step that lowers the ELBO: Newton-like steps on a
+        Gaussian process's hyperparameters), else 0.2 (with iterate
+        averaging for Monte Carlo).
       estimators: how factors get their site parameters.
       families: site -> q family name overrides.
       blocks: joint Gaussian blocks over sites, or ``"all"``: one block over
@@ -50,12 +56,17 @@ class Config(NamedTuple):
       joint_gaussians: Gaussian latents on the real line that share a factor
         get one joint block (up to ``MAX_JOINT_SIZE`` scalars), so that their
         exact q is joint, not mean-field (EM's exact E-step).
+      joint_hyperparameters: scalar latents with a Gaussian q on an
+        unconstrained space (LogNormal, HalfCauchy, ... priors) that share a
+        factor estimated by cubature get one full-covariance block (a
+        Gaussian process's amplitude, noise and length scale: mean-field
+        misses their correlation).
       name: the preset's name, for messages.
     """
 
     mode: str = "global"
     schedule: str = "sequential"
-    learning_rate: Union[float, Callable] = 1.0
+    learning_rate: Union[float, Callable, str] = 1.0
     estimators: EstimatorOptions = EstimatorOptions()
     families: Mapping[str, str] = {}
     blocks: Union[str, Sequence[Sequence[str]]] = ()
@@ -68,6 +79,7 @@ class Config(NamedTuple):
     point_params: bool = True
     continuous_only: bool = False
     joint_gaussians: bool = False
+    joint_hyperparameters: bool = False
     name: str = "BLR"
 
 
@@ -84,7 +96,10 @@ def make_config(**options: Any) -> Config:
     if config.schedule not in SCHEDULES:
         raise ValueError(f"schedule must be 'sequential' or 'parallel', got {config.schedule!r}.")
     rate = config.learning_rate
-    if not callable(rate) and not 0.0 < float(rate) <= 1.0:
+    if isinstance(rate, str):
+        if rate != "auto":
+            raise ValueError(f"learning_rate must lie in (0, 1], be a schedule or 'auto', got {rate!r}.")
+    elif not callable(rate) and not 0.0 < float(rate) <= 1.0:
         raise ValueError(f"learning_rate must lie in (0, 1] or be a schedule, got {rate}.")
     est = config.estimators
     choices = est.choice.values() if isinstance(est.choice, Mapping) else [est.choice]

@@ -2,7 +2,11 @@
 
 The algorithm (its static structure) is a static argument of the compiled
 functions and the plan's arrays a dynamic one, so running the same algorithm
-on new data of the same shapes reuses the compiled program.
+on new data of the same shapes reuses the compiled program. The driver waits
+for results through :func:`~blrppl.blr.watchdog.block_until_ready`, so a
+computation that stops making progress (a JAX runtime deadlock) becomes a
+:class:`~blrppl.errors.RuntimeDeadlock` naming the cause and the workaround,
+never a silent hang.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import jax.numpy as jnp
 import tqdm.auto as tqdm
 
 from blrppl.blr.state import BLRState, InferenceAlgorithm
+from blrppl.blr.watchdog import block_until_ready
 
 
 def init(algorithm: InferenceAlgorithm, rng_key: jax.Array, arrays: Any) -> BLRState:
@@ -87,9 +92,9 @@ def run(
     previous = jnp.asarray(jnp.inf, dtype)
     hits = jnp.zeros((), jnp.int32)
     if not progress_bar:
-        end, state, buffer, previous, hits = _run_chunk(
+        end, state, buffer, previous, hits = block_until_ready(_run_chunk(
             algorithm, arrays, state, buffer, jnp.asarray(0, jnp.int32), jnp.asarray(num_steps, jnp.int32), previous, hits, threshold
-        )
+        ))
         return state, buffer[: int(end)], bool(hits >= CONFIRMATIONS)
 
     chunk = -(-num_steps // num_updates)
@@ -108,6 +113,7 @@ def run(
                 hits,
                 threshold,
             )
+            block_until_ready((new_end, state, previous, hits))
             new_end = int(new_end)
             bar.update(new_end - end)
             end = new_end
@@ -167,9 +173,24 @@ def init_restarts(
     return _init_many(algorithm, rng_keys, arrays, batched_data)
 
 
+def _over_restarts(algorithm: InferenceAlgorithm, fn, in_axes, *xs):
+    """``vmap`` of ``fn`` over the restart axis (``in_axes``: 0 or None per
+    argument), or ``lax.map`` when the algorithm's factors call LAPACK
+    (batched LAPACK calls can deadlock, see :mod:`blrppl.blr.watchdog`)."""
+    if not algorithm.sequential:
+        return jax.vmap(fn, in_axes=in_axes)(*xs)
+    mapped = tuple(x for x, axis in zip(xs, in_axes) if axis is not None)
+
+    def one(args):
+        it = iter(args)
+        return fn(*[next(it) if axis is not None else x for x, axis in zip(xs, in_axes)])
+
+    return jax.lax.map(one, mapped)
+
+
 @functools.partial(jax.jit, static_argnums=(0, 3))
 def _init_many(algorithm, rng_keys, arrays, batched_data):
-    return jax.vmap(algorithm.init, in_axes=(0, 0 if batched_data else None))(rng_keys, arrays)
+    return _over_restarts(algorithm, algorithm.init, (0, 0 if batched_data else None), rng_keys, arrays)
 
 
 def run_restarts(
@@ -219,6 +240,7 @@ def run_restarts(
             previous, hits, threshold, batched_data,
         )
         done = hits >= CONFIRMATIONS
+        block_until_ready((new_ends, states, previous, done))
         ends = jnp.where(stopped, ends, new_ends)  # a restart stopped earlier keeps its end
         new_end = int(jnp.max(ends))
         if bar is not None:
@@ -239,4 +261,5 @@ def _run_chunks(algorithm, arrays, states, buffers, start, stop, previous, hits,
     def one(arrays, state, buffer, previous, hits):
         return _run_chunk(algorithm, arrays, state, buffer, start, stop, previous, hits, threshold)
 
-    return jax.vmap(one, in_axes=(0 if batched_data else None, 0, 0, 0, 0))(arrays, states, buffers, previous, hits)
+    in_axes = (0 if batched_data else None, 0, 0, 0, 0)
+    return _over_restarts(algorithm, one, in_axes, arrays, states, buffers, previous, hits)

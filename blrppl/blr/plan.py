@@ -11,6 +11,7 @@ new data with the same signature reuses the compiled program.
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from typing import Any, Callable, Mapping, Optional
 
@@ -25,6 +26,7 @@ from blrppl.blr.orphans import integrate_orphans, masked_graph, orphan_rows
 from blrppl.blr.starts import start_arrays
 from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, PlanArrays, example_latents, q_space_examples
+from blrppl.estimators.cubature import MAX_CUBATURE_DIM
 from blrppl.estimators.select import Verdicts, choose_estimator, delta_estimator, with_verdicts
 from blrppl.families import VariableQ
 from blrppl.graph.blocks import as_blocks
@@ -138,6 +140,8 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
     elif config.joint_gaussians and not blocks:
         blocks = joint_gaussian_blocks(graph, [s for s in graph.variables if s not in config.point_estimates])
     graph = as_point_estimates(graph, config.point_estimates)
+    if config.joint_hyperparameters and not blocks:
+        blocks = hyperparameter_blocks(graph)
     graph = as_blocks(graph, blocks)
     _check_options(graph, config, model)
     qs = {name: variable_q(node, graph.plates) for name, node in graph.variables.items()}
@@ -264,6 +268,36 @@ def joint_gaussian_blocks(graph: FactorGraph, candidates) -> list[tuple[str, ...
         if len(members) > 1 and size <= MAX_JOINT_SIZE:
             out.append(tuple(members))
     return out
+
+
+def hyperparameter_blocks(graph: FactorGraph) -> tuple:
+    """Scalar hyperparameters to join: the ``joint_hyperparameters`` option of :class:`Config`.
+
+    Sites whose q is a scalar Gaussian on an unconstrained space (a
+    LogNormal, HalfCauchy, ... prior: non-conjugate wherever they enter) and
+    that are together the only neighbours of a likelihood factor (a Gaussian
+    process's ``MultivariateNormal(0, K(var, noise, length))``) are grouped,
+    as long as each group stays small enough for the degree-5 cubature
+    (``MAX_CUBATURE_DIM`` scalars): mean-field would miss their correlation.
+    """
+    candidates = {
+        v for v, node in graph.variables.items()
+        if node.family in GAUSSIAN_NAMES and node.transform is not None and math.prod(node.shape) == 1
+        and node.chain is None and not node.discrete and not node.members and node.observed_mask is None
+    }
+    groups: list[list[str]] = []
+    for name, factor in graph.factors.items():
+        neighbours = list(factor.neighbours)
+        if factor.kind == "prior" or factor.param_neighbours or len(neighbours) < 2:
+            continue
+        if not set(neighbours) <= candidates:
+            continue
+        touching = [g for g in groups if set(g) & set(neighbours)]
+        merged = list(dict.fromkeys([v for g in touching for v in g] + neighbours))
+        if len(merged) > MAX_CUBATURE_DIM:
+            continue
+        groups = [g for g in groups if g not in touching] + [merged]
+    return tuple(tuple(g) for g in groups)
 
 
 def param_examples(graph: FactorGraph) -> tuple[dict, dict]:

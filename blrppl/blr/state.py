@@ -66,7 +66,10 @@ class InferenceAlgorithm(NamedTuple):
     ``init(rng_key, arrays) -> BLRState``; ``step(state, arrays) -> (state,
     info)`` (randomness from the state's stream); ``elbo(rng_key, state,
     arrays) -> scalar``; ``noisy``: site parameters are Monte Carlo estimates
-    (convergence is then judged on averaged iterates, not on one ELBO).
+    (convergence is then judged on averaged iterates, not on one ELBO);
+    ``sequential``: some factor's code calls LAPACK, so restarts run one after
+    another (``lax.map``), never as batched LAPACK calls (see
+    :func:`blrppl.graph.jaxpr.lapack_primitives`).
     ``arrays`` is the plan's data
     (:class:`~blrppl.estimators.base.PlanArrays`), an argument so that one
     compiled program fits any data set of the same shapes.
@@ -76,3 +79,4 @@ class InferenceAlgorithm(NamedTuple):
     step: Callable[[BLRState, Any], tuple[BLRState, BLRInfo]]
     elbo: Callable[[jax.Array, BLRState, Any], Any]
     noisy: bool = False
+    sequential: bool = False

@@ -14,7 +14,10 @@ class NonConjugateVI(Engine):
     Factors with exact site parameters keep them; the others get natural
     gradients of their expected log densities from ``estimator`` (``"auto"``,
     the default: Gauss-Hermite on GLM linear predictors and on small or
-    separable factors of one Gaussian, Monte Carlo elsewhere; ``"mc"``:
+    separable factors of one Gaussian, a degree-5 cubature on factors of a
+    few scalar Gaussians (total dimension <= 4; a Gaussian process's
+    hyperparameters, which get one joint block), enumeration over Bernoulli
+    and Categorical neighbours, Monte Carlo elsewhere; ``"mc"``:
     reparameterised Monte Carlo with ``num_samples`` draws; ``"delta"``: the
     delta method, i.e. Newton/Laplace steps; ``"quadrature"``: Gauss-Hermite
     for factors with one Gaussian neighbour), as in Khan & Lin (2017); a dict
@@ -22,8 +25,11 @@ class NonConjugateVI(Engine):
     a conjugate factor). Latents
     whose prior has no exponential-family q (HalfCauchy, LogNormal, ...) get a
     Gaussian on the unconstrained space of their support. Steps are damped by
-    ``learning_rate`` (default 0.2: constant, with iterate averaging for Monte
-    Carlo; any schedule may be given) and kept in the natural parameter
+    ``learning_rate`` (default ``"auto"``: 1 where a factor uses the
+    cubature and every estimated site parameter is deterministic, the ELBO
+    guard retrying a step that lowers the ELBO with ρ/2, ρ/4, ...; 0.2
+    otherwise, with iterate averaging for Monte Carlo; any constant or
+    schedule may be given) and kept in the natural parameter
     space by the improved BLR of Lin, Schmidt & Khan (2020). With Monte Carlo
     site parameters and ρ < 1, q at the end of a run is the polynomial-decay
     average of the iterates (``average=None``: automatic; True/False force
@@ -36,7 +42,7 @@ class NonConjugateVI(Engine):
         *,
         estimator: Union[str, Mapping[str, str]] = "auto",
         num_samples: int = 16,
-        learning_rate: Union[float, Callable] = 0.2,
+        learning_rate: Union[float, Callable, str] = "auto",
         mode: str = "global",
         schedule: str = "sequential",
         families: Optional[Mapping[str, str]] = None,

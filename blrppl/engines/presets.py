@@ -15,7 +15,8 @@ Expectation-Maximisation    exact site parameters for q, delta method for
 (Sec. 5.2)                  point estimates (M-step), ρ = 1, coordinate-wise
 Stochastic VI (Sec. 5.3)    minibatches of one plate, local ρ = 1, global ρ_t
 VMP (Sec. 5.3)              exact site parameters, ρ = 1, coordinate-wise
-Non-conjugate VI (Sec. 5.4) exact where conjugate, estimated elsewhere, ρ < 1
+Non-conjugate VI (Sec. 5.4) exact where conjugate, estimated elsewhere, ρ < 1;
+                            scalar hyperparameters sharing a factor joint
 Non-conjugate VI (New)      a mixture over a grid of hyperparameters h of
                             exact (ConjugateBayes) or Laplace q(c | h)
 ==========================  ================================================
@@ -141,7 +142,7 @@ def nonconjugate_vi(
     *,
     estimator: Union[str, Mapping[str, str]] = "auto",
     num_samples: int = 16,
-    learning_rate: Union[float, Callable] = 0.2,
+    learning_rate: Union[float, Callable, str] = "auto",
     mode: str = "global",
     schedule: str = "sequential",
     families: Optional[Mapping[str, str]] = None,
@@ -154,12 +155,15 @@ def nonconjugate_vi(
     if isinstance(estimator, Mapping):
         options = EstimatorOptions(choice=dict(estimator), fallback="auto", num_samples=num_samples)
     else:
-        if estimator not in ("auto", "mc", "delta", "quadrature"):
-            raise ValueError(f"estimator must be 'auto', 'mc', 'delta' or 'quadrature', got {estimator!r}.")
+        if estimator not in ("auto", "mc", "delta", "quadrature", "cubature"):
+            raise ValueError(
+                f"estimator must be 'auto', 'mc', 'delta', 'quadrature' or 'cubature', got {estimator!r}."
+            )
         options = EstimatorOptions(choice="exact", fallback=estimator, num_samples=num_samples)
     return make_config(
         name="NonConjugateVI", mode=mode, schedule=schedule, learning_rate=learning_rate, estimators=options,
         families=families or {}, blocks=blocks or (), order=order, init=init or {}, average=average,
+        joint_hyperparameters=True,
     )
 
 

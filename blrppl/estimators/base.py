@@ -27,7 +27,7 @@ from blrppl.symbolic import canonical
 from blrppl.symbolic.expectation import VarInfo
 
 
-ESTIMATORS = ("delta", "mc", "quadrature")
+ESTIMATORS = ("delta", "mc", "quadrature", "cubature")
 """Estimators of non-conjugate site parameters (the option strings of DESIGN.md)."""
 
 
@@ -114,6 +114,10 @@ class FactorEstimator(NamedTuple):
       closed_data: the estimate closes over values computed from the data
         (rather than reading them from ``arrays``): a plan holding it is
         compiled per data set (its signature includes the data's content).
+      sequential: the factor's code calls LAPACK, so its samples, nodes and
+        configurations are evaluated one at a time (``lax.map``), and
+        restarts run one after another, never as a batched LAPACK call
+        (:func:`blrppl.graph.jaxpr.lapack_primitives`).
     """
 
     factor: str
@@ -123,6 +127,7 @@ class FactorEstimator(NamedTuple):
     arrays: Any = None
     analysis: Any = None
     closed_data: bool = False
+    sequential: bool = False
 
 
 def var_info(q: Any) -> VarInfo:

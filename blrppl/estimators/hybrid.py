@@ -24,6 +24,7 @@ from typing import Any
 import jax
 
 from blrppl.estimators.base import FactorEstimator, Method, factor_log_density, owner, var_info
+from blrppl.estimators.cubature import MAX_CUBATURE_DIM
 from blrppl.estimators.nonconjugate import expectation_over, refuse_minibatch
 from blrppl.graph.nodes import FactorGraph
 from blrppl.symbolic.analysis import analyse
@@ -106,10 +107,15 @@ def _constrain(q: Any, value: Any) -> Any:
 
 
 def _auto(qs: Mapping[str, Any], uncertain: Sequence[str]) -> str:
-    """Gauss-Hermite for one small Gaussian, Monte Carlo otherwise."""
-    if len(uncertain) != 1 or not qs[uncertain[0]].family.gaussian or qs[uncertain[0]].family.chain:
-        return "mc"
-    q = qs[uncertain[0]]
-    if q.family.event_ndim == 1:
-        return "quadrature" if not q.num_batch and math.prod(q.block_shape) <= 2 else "mc"
-    return "quadrature" if math.prod(q.shape) == 1 else "mc"
+    """Gauss-Hermite for one small Gaussian, the degree-5 cubature for a few
+    Gaussian scalars (total dimension <= ``MAX_CUBATURE_DIM``), Monte Carlo otherwise."""
+    gaussian = all(qs[u].family.gaussian and not qs[u].family.chain for u in uncertain)
+    if len(uncertain) == 1 and gaussian:
+        q = qs[uncertain[0]]
+        if q.family.event_ndim == 1 and not q.num_batch and math.prod(q.block_shape) <= 2:
+            return "quadrature"
+        if q.family.event_ndim == 0 and math.prod(q.shape) == 1:
+            return "quadrature"
+    if gaussian and sum(math.prod(qs[u].shape) for u in uncertain) <= MAX_CUBATURE_DIM:
+        return "cubature"
+    return "mc"

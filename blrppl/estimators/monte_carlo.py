@@ -57,6 +57,7 @@ def monte_carlo(
     *,
     antithetic: bool = False,
     separable: bool = False,
+    sequential: bool = False,
 ) -> GaussianEstimator:
     """Build the reparameterised Monte Carlo estimator (Khan & Rue, Eqs. 10-11).
 
@@ -70,6 +71,10 @@ def monte_carlo(
         each touching one element (``NormalStats``) or one block (``MVNStats``),
         so each sample's Hessian blocks cost 1 (resp. d) Hessian-vector
         products rather than a full n x n Hessian. Ignored otherwise.
+      sequential: evaluate the samples one at a time (``lax.map``) instead
+        of batched (``vmap``), for log factors that call LAPACK: a vmapped
+        Cholesky over the samples is a batched LAPACK call, which jaxlib
+        0.10.x may deadlock on (:func:`blrppl.graph.jaxpr.lapack_primitives`).
 
     Returns:
       A :class:`GaussianEstimator` with ``method="mc"``. ``estimate(rng_key,
@@ -106,7 +111,8 @@ def monte_carlo(
             scales.append(scale)
             eps.append(noise)
             xs.append(loc + scale_noise(block, scale, noise))
-        values, grads = jax.vmap(jax.value_and_grad(total))(xs)
+        over = (lambda f, *a: jax.lax.map(lambda b: f(*b), a)) if sequential else (lambda f, *a: jax.vmap(f)(*a))
+        values, grads = over(jax.value_and_grad(total), xs)
         if hessian == "reparam":
 
             def sample_hessians(x: list[Array]) -> list[Array]:
@@ -115,7 +121,7 @@ def monte_carlo(
                     for i, b in enumerate(blocks)
                 ]
 
-            hessians = jax.vmap(sample_hessians)(xs)
+            hessians = over(sample_hessians, xs)
         elif hessian == "hvp":
             # One joint HVP: (Hz)_v = Σ_u H_vu z_u, and E[z_u z_vᵀ] = 0 for u ≠ v,
             # so E[(Hz)_v z_vᵀ] = H_vv for every block at once.
@@ -124,9 +130,7 @@ def monte_carlo(
                 jax.random.rademacher(k, x.shape, dtype=x.dtype)
                 for k, x in zip(keys, xs)
             ]
-            hvps = jax.vmap(lambda x, z: jax.jvp(jax.grad(total), (x,), (z,))[1])(
-                xs, probes
-            )
+            hvps = over(lambda x, z: jax.jvp(jax.grad(total), (x,), (z,))[1], xs, probes)
             hessians = [
                 common.symmetrize(_outer(h, z)) if is_full(b) else z * h
                 for b, h, z in zip(blocks, hvps, probes)

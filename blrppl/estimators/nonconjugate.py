@@ -27,14 +27,16 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro.distributions as dist
 
 from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, Method, factor_log_density, owner
+from blrppl.estimators.cubature import MAX_CUBATURE_DIM, cubature, mvn_value_grad_hessian
 from blrppl.estimators.delta import delta
 from blrppl.estimators.enumeration import (
     ENUMERATION_BUDGET,
@@ -51,7 +53,10 @@ from blrppl.estimators.quadrature import (
 )
 from blrppl.families import MVNStats, NormalStats
 from blrppl.graph.data import DATA_ERRORS
+from blrppl.graph.jaxpr import lapack_primitives
 from blrppl.graph.nodes import FactorGraph
+from blrppl.graph.capture import arguments_only
+from blrppl.graph.replay import replay
 
 QUADRATURE_POINTS = 10
 #: Nodes per linear predictor: one-dimensional, so many are cheap (softplus-type
@@ -126,6 +131,7 @@ def nonconjugate_estimator(
             return log_density({}, params, arrays.data), {}
 
         return FactorEstimator(factor, (), Method((), (), method), point_estimate)
+    sequential = calls_lapack(log_density, {v: examples[v] for v in neighbours})
     for v in neighbours:
         if qs[v].family.chain and not _separable_in_time(log_density, examples, neighbours, v):
             raise ModelError(
@@ -134,13 +140,19 @@ def nonconjugate_estimator(
                 "that touch each time step separately (observation factors). Keep the transitions "
                 "linear-Gaussian."
             )
-    expectation = expectation_over(factor, qs, neighbours, method, num_samples)
+    expectation = expectation_over(factor, qs, neighbours, method, num_samples, sequential=sequential)
+    gaussian_likelihood = None
+    if method in ("cubature", "delta") and not others:
+        gaussian_likelihood = mvn_likelihood_parts(graph, factor, qs, transforms, fixed, gaussians)
 
     def estimate(rng_key, mean, params, arrays, batch=None):
         refuse_minibatch(factor, batch)
-        return expectation(rng_key, mean, lambda values: log_density(values, params, arrays.data))
+        vgh = None
+        if gaussian_likelihood is not None:
+            vgh = gaussian_likelihood(params, arrays.data)
+        return expectation(rng_key, mean, lambda values: log_density(values, params, arrays.data), vgh)
 
-    return FactorEstimator(factor, neighbours, Method((), neighbours, method), estimate)
+    return FactorEstimator(factor, neighbours, Method((), neighbours, method), estimate, sequential=sequential)
 
 
 def _enumerated_estimator(graph, factor, qs, examples, method, num_samples, discrete, reason) -> FactorEstimator:
@@ -161,6 +173,7 @@ def _enumerated_estimator(graph, factor, qs, examples, method, num_samples, disc
             f"besides the enumerated ones, this one has {list(continuous)}; use estimator='mc' or 'delta'."
         )
     split = factor_log_density(graph, factor, transforms, fixed, use_canonical=False, split_jacobian=True)
+    sequential = calls_lapack(lambda values, params: split(values, params)[0], {v: examples[v] for v in neighbours})
     enumeration = plan_enumeration(qs, discrete, lambda values: split(values, {})[0], {v: examples[v] for v in neighbours})
     if enumeration is None:
         raise ModelError(
@@ -169,8 +182,10 @@ def _enumerated_estimator(graph, factor, qs, examples, method, num_samples, disc
             "factor does not read one position of each per observation; write the factor so that each "
             "observation reads one position (as in a plate), or marginalise the discrete variable in the model."
         )
-    expectation = expectation_over(factor, qs, continuous, method, num_samples) if continuous else None
-    enumerated = enumerated_expectation(qs, enumeration, expectation)
+    expectation = None
+    if continuous:
+        expectation = expectation_over(factor, qs, continuous, method, num_samples, sequential=sequential)
+    enumerated = enumerated_expectation(qs, enumeration, expectation, sequential=sequential)
     positions = None if enumeration.positions is None else {v: jnp.asarray(p) for v, p in enumeration.positions.items()}
 
     def estimate(rng_key, mean, params, arrays, batch=None):
@@ -180,7 +195,8 @@ def _enumerated_estimator(graph, factor, qs, examples, method, num_samples, disc
         )
 
     name = method if continuous else "enumeration"
-    return FactorEstimator(factor, neighbours, Method((), neighbours, name, discrete), estimate, positions)
+    method = Method((), neighbours, name, discrete)
+    return FactorEstimator(factor, neighbours, method, estimate, positions, sequential=sequential)
 
 
 def refuse_minibatch(factor: str, batch: Any) -> None:
@@ -193,27 +209,42 @@ def refuse_minibatch(factor: str, batch: Any) -> None:
 
 
 def expectation_over(
-    factor: str, qs: Mapping[str, Any], variables: Sequence[str], method: str, num_samples: int
+    factor: str,
+    qs: Mapping[str, Any],
+    variables: Sequence[str],
+    method: str,
+    num_samples: int,
+    *,
+    sequential: bool = False,
 ) -> Callable:
-    """``(rng_key, mean, log_f) -> (E_q[log_f], {v: ∇_μv E_q[log_f]})`` over ``variables``.
+    """``(rng_key, mean, log_f, value_grad_hessian=None) -> (E_q[log_f], {v: ∇_μv E_q[log_f]})``.
 
     ``log_f`` maps a dict of values (q's space) of ``variables`` to a scalar.
     Gaussian variables use ``method`` (Bonnet/Price, Eqs. 10-11); the others
     reparameterised Monte Carlo through their mean parameters, the Gaussian
-    estimator running on ``log_f`` averaged over their draws.
+    estimator running on ``log_f`` averaged over their draws. With
+    ``sequential``, samples and nodes are evaluated one at a time
+    (``lax.map``): ``log_f`` calls LAPACK. ``value_grad_hessian`` (cubature
+    and delta) replaces autodiff of ``log_f`` on the flat vector of the Gaussian
+    variables, in sorted order (:func:`~blrppl.estimators.cubature.cubature`).
     """
     gaussians = tuple(v for v in variables if qs[v].family.gaussian)
     others = tuple(v for v in variables if v not in gaussians)
     if method == "delta":
         gaussian = delta()
     elif method == "mc":
-        gaussian = monte_carlo(num_samples, hessian="reparam" if _small(qs, gaussians) else "first_order")
+        hessian = "reparam" if _small(qs, gaussians) else "first_order"
+        gaussian = monte_carlo(num_samples, hessian=hessian, sequential=sequential)
     elif method == "quadrature":
-        gaussian = gauss_hermite(QUADRATURE_POINTS)
+        gaussian = gauss_hermite(QUADRATURE_POINTS, sequential=sequential)
+    elif method == "cubature":
+        gaussian = cubature(sequential=sequential)
     else:
-        raise ModelError(f"site {factor!r}: unknown estimator {method!r}; use 'delta', 'mc' or 'quadrature'.")
+        raise ModelError(
+            f"site {factor!r}: unknown estimator {method!r}; use 'delta', 'mc', 'quadrature' or 'cubature'."
+        )
 
-    def gaussian_estimate(rng_key, mean, log_f):
+    def gaussian_estimate(rng_key, mean, log_f, value_grad_hessian=None):
         """Bonnet/Price site parameters of the Gaussian variables of ``log_f``."""
         marginal = {v: qs[v].marginals(mean[v]) for v in gaussians}
         shaped = log_f
@@ -225,6 +256,9 @@ def expectation_over(
             (v,) = gaussians
             value, grad = gaussian.estimate(rng_key, marginal[v], lambda x: log_f({v: x}))
             grads = {v: grad}
+        elif value_grad_hessian is not None:
+            rule = cubature(sequential=sequential, value_grad_hessian=value_grad_hessian, at_mean=method == "delta")
+            value, grads = rule.estimate(rng_key, marginal, log_f)
         else:
             value, grads = gaussian.estimate(rng_key, marginal, log_f)
         return value, {v: qs[v].from_marginals(mean[v], g) for v, g in dict(grads).items()}
@@ -251,10 +285,10 @@ def expectation_over(
         )
         return value, {**grads, **other_grads}
 
-    def estimate(rng_key, mean, log_f):
+    def estimate(rng_key, mean, log_f, value_grad_hessian=None):
         if others:
             return others_estimate(rng_key, mean, log_f)
-        return gaussian_estimate(rng_key, mean, log_f)
+        return gaussian_estimate(rng_key, mean, log_f, value_grad_hessian)
 
     return estimate
 
@@ -357,31 +391,114 @@ def _predictor_estimator(factor: str, qs, predictor: LinearPredictor, names, sli
 
 
 def _auto_method(graph, factor, qs, examples, transforms, fixed, gaussians, others) -> str:
-    """Quadrature where it is exact to high order and cheap, else Monte Carlo.
+    """Quadrature or cubature where they are accurate and cheap, else Monte Carlo.
 
     One Gaussian neighbour that is a small full block (d <= 2), or a plated
     Normal whose log factor is separable across its elements (checked with
     two Hessian-vector products at the example point), gets Gauss-Hermite;
-    everything else reparameterised Monte Carlo.
+    Gaussian neighbours of total dimension at most ``MAX_CUBATURE_DIM``
+    (a few scalar hyperparameters) the degree-5 cubature; everything else
+    reparameterised Monte Carlo.
     """
-    if len(gaussians) != 1 or others:
+    if others or not gaussians:
         return "mc"
-    (v,) = gaussians
+    if len(gaussians) == 1 and _single_quadrature(graph, factor, qs, examples, transforms, fixed, gaussians[0]):
+        return "quadrature"
+    return "cubature" if _cubature_fits(qs, gaussians) else "mc"
+
+
+def _cubature_fits(qs, gaussians) -> bool:
+    """Gaussian (not chain) neighbours of total dimension at most ``MAX_CUBATURE_DIM``."""
+    if any(qs[v].family.chain or not qs[v].family.gaussian for v in gaussians):
+        return False
+    return sum(math.prod(qs[v].shape) for v in gaussians) <= MAX_CUBATURE_DIM
+
+
+def _single_quadrature(graph, factor, qs, examples, transforms, fixed, v) -> bool:
+    """Whether Gauss-Hermite suits the one Gaussian neighbour ``v`` (see :func:`_auto_method`)."""
     q = qs[v]
     if q.family.chain:  # separable over time (checked): one small Gaussian per step
-        return "quadrature" if math.prod(q.shape[1:]) <= 2 else "mc"
+        return math.prod(q.shape[1:]) <= 2
     if q.family.event_ndim == 1:
-        return "quadrature" if not q.num_batch and math.prod(q.block_shape) <= 2 else "mc"
+        return not q.num_batch and math.prod(q.block_shape) <= 2
     log_density = factor_log_density(graph, factor, transforms, fixed, use_canonical=False)
     x0 = jnp.asarray(examples[v], dtype=float)
     if x0.size <= 1:
-        return "quadrature"
+        return True
     grad = jax.grad(lambda x: log_density({v: x}, {}))
     probe = jnp.asarray(np.random.default_rng(0).normal(size=x0.shape), x0.dtype)
     diagonal = jax.jvp(grad, (x0,), (jnp.ones_like(x0),))[1]
     directional = jax.jvp(grad, (x0,), (probe,))[1]
     separable = jnp.max(jnp.abs(directional - diagonal * probe)) <= 1e-8 * (1.0 + jnp.max(jnp.abs(diagonal)))
-    return "quadrature" if bool(separable) else "mc"
+    return bool(separable)
+
+
+def calls_lapack(log_density: Callable, values: Mapping[str, Any]) -> bool:
+    """Whether the factor's code calls LAPACK (then its samples are evaluated with ``lax.map``)."""
+    jaxpr = jax.make_jaxpr(lambda v: log_density(v, {}))(dict(values))
+    return bool(lapack_primitives(jaxpr))
+
+
+def mvn_likelihood_parts(graph, factor, qs, transforms, fixed, gaussians) -> Optional[Callable]:
+    """For ``y ~ MultivariateNormal(loc(u), covariance_matrix=K(u))`` of a few scalars u, the
+    one-Cholesky value/gradient/Hessian (:func:`~blrppl.estimators.cubature.mvn_value_grad_hessian`).
+
+    Returns ``(params, data) -> (u -> (log f, g, H))`` over the flat vector of
+    the Gaussian neighbours (sorted, as the cubature flattens them), or None
+    when the factor is not one observed MultivariateNormal event with a
+    covariance (or scale_tril) argument, unmasked and unscaled.
+    """
+    if owner(graph, factor) is not None:
+        return None
+    names = tuple(sorted(gaussians))
+    shapes = [tuple(qs[v].shape) for v in names]
+    sizes = [math.prod(s) for s in shapes]
+
+    def constrain_into(values, v, x):
+        transform = transforms.get(v)
+        if transform is None:
+            values[v] = x
+        elif hasattr(transform, "log_abs_det_jacobian_site"):  # a joint block of sites
+            values.update(transform(x))
+        else:
+            values[v] = transform(x)
+
+    def site_at(u, params, data):
+        values, start = {}, 0
+        for v, shape, size in zip(names, shapes, sizes):
+            constrain_into(values, v, jnp.reshape(u[start : start + size], shape))
+            start += size
+        for k, x in fixed.items():
+            constrain_into(values, k, x)
+        with arguments_only():  # the kernel matrix is read, never factorised here
+            return replay(graph, values, params, data=data)[factor]
+
+    examples = jnp.zeros(sum(sizes))
+    site = site_at(examples, {}, None)
+    call = site.call
+    if not site.is_observed or site.mask is not None or site.scale is not None:
+        return None
+    if call is None or not call.captured or not issubclass(call.cls, dist.MultivariateNormal):
+        return None
+    if "covariance_matrix" not in call.arguments and "scale_tril" not in call.arguments:
+        return None
+    if site.fn.batch_shape != ():
+        return None
+    event_shape = site.fn.event_shape
+
+    def parts(params, data):
+        def moments(u):
+            arguments = site_at(u, params, data).call.arguments
+            if "covariance_matrix" in arguments:
+                cov = jnp.asarray(arguments["covariance_matrix"])
+            else:
+                tril = jnp.asarray(arguments["scale_tril"])
+                cov = tril @ tril.T
+            return cov, jnp.broadcast_to(jnp.asarray(arguments.get("loc", 0.0)), event_shape)
+
+        return mvn_value_grad_hessian(moments, site_at(examples, params, data).value)
+
+    return parts
 
 
 def _small(qs, neighbours) -> bool:

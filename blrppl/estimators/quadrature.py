@@ -59,7 +59,7 @@ def _check_num_points(num_points: int) -> None:
         raise ValueError(f"num_points must be a positive integer, got {num_points!r}.")
 
 
-def gauss_hermite(num_points: int, *, max_dim: int = 3) -> GaussianEstimator:
+def gauss_hermite(num_points: int, *, max_dim: int = 3, sequential: bool = False) -> GaussianEstimator:
     """Build the Gauss-Hermite estimator; exact for polynomial log f of degree < 2n.
 
     .. math::
@@ -74,6 +74,8 @@ def gauss_hermite(num_points: int, *, max_dim: int = 3) -> GaussianEstimator:
     Args:
       num_points: n, nodes per dimension.
       max_dim: the largest full block dimension d accepted (n^d evaluations).
+      sequential: evaluate the nodes one at a time (``lax.map``), for log
+        factors that call LAPACK (:func:`blrppl.graph.jaxpr.lapack_primitives`).
 
     Returns:
       A :class:`GaussianEstimator` with ``method="quadrature"``; its ``estimate``
@@ -120,7 +122,7 @@ def gauss_hermite(num_points: int, *, max_dim: int = 3) -> GaussianEstimator:
             nodes, weights = hermite_rule(num_points)
             nodes = jnp.asarray(nodes[:, 0], loc.dtype).reshape((-1,) + (1,) * loc.ndim)
             points = loc + scale * nodes
-        values = jax.vmap(total)(points)
+        values = jax.lax.map(total, points) if sequential else jax.vmap(total)(points)
         return jnp.dot(jnp.asarray(weights, loc.dtype), values)
 
     def estimate(

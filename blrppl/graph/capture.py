@@ -21,10 +21,11 @@ import dataclasses
 import inspect
 from typing import Any, Iterator
 
-from numpyro.distributions import Distribution
+from numpyro.distributions import Distribution, MultivariateNormal
 from numpyro.distributions.distribution import COERCIONS
 
 _TAG = "_blrppl_constructor_call"
+_ARGUMENTS_ONLY: list[bool] = []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,9 +52,38 @@ def _bind(cls: type, args: tuple, kwargs: dict) -> dict[str, Any]:
 
 
 def _coerce(cls: type, args: tuple, kwargs: dict) -> Distribution:
+    bound = _bind(cls, args, kwargs)
+    if _ARGUMENTS_ONLY and issubclass(cls, MultivariateNormal) and _matrix_argument(bound) is not None:
+        # Only the arguments are read: skip the Cholesky factorisation (and its
+        # derivatives, when the caller differentiates through the model).
+        loc = bound.get("loc", 0.0)
+        obj = type.__call__(cls, loc, scale_tril=_matrix_argument(bound), validate_args=False)
+        object.__setattr__(obj, _TAG, ConstructorCall(cls, bound, True))
+        return obj
     obj = type.__call__(cls, *args, **kwargs)
-    object.__setattr__(obj, _TAG, ConstructorCall(cls, _bind(cls, args, kwargs), True))
+    object.__setattr__(obj, _TAG, ConstructorCall(cls, bound, True))
     return obj
+
+
+def _matrix_argument(bound: dict) -> Any:
+    for name in ("covariance_matrix", "precision_matrix", "scale_tril"):
+        if bound.get(name) is not None:
+            return bound[name]
+    return None
+
+
+@contextlib.contextmanager
+def arguments_only() -> Iterator[None]:
+    """Within this context, a ``MultivariateNormal`` built from a matrix is not
+    factorised: the object carries the matrix as its ``scale_tril`` (wrong as a
+    distribution) and its true constructor call. For code that reads only the
+    captured arguments (:func:`constructor_call`), e.g. a Gaussian process's
+    kernel matrix as a function of its hyperparameters."""
+    _ARGUMENTS_ONLY.append(True)
+    try:
+        yield
+    finally:
+        _ARGUMENTS_ONLY.pop()
 
 
 @contextlib.contextmanager

@@ -329,3 +329,41 @@ def input_dependencies(jaxpr: Any) -> list[set[int]]:
         for v in eqn.outvars:
             deps[v] = sources
     return [set() if isinstance(v, jex_core.Literal) else deps.get(v, set()) for v in jaxpr.outvars]
+
+
+#: Primitives XLA:CPU runs as LAPACK custom calls (factorisations, triangular solves, eigensolvers).
+LAPACK_PRIMITIVES = frozenset({
+    "cholesky", "triangular_solve", "lu", "qr", "geqrf", "geqp3", "householder_product", "eigh", "eig",
+    "svd", "schur", "hessenberg", "tridiagonal", "tridiagonal_solve", "cholesky_update",
+    "lu_pivots_to_permutation",
+})
+
+
+def _sub_jaxprs(eqn: Any):
+    for value in eqn.params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(item, jex_core.ClosedJaxpr):
+                yield item.jaxpr
+            elif isinstance(item, jex_core.Jaxpr):
+                yield item
+
+
+def lapack_primitives(jaxpr: Any) -> set[str]:
+    """The LAPACK primitives a (closed or open) jaxpr calls, bodies of calls and loops included.
+
+    Code that calls LAPACK is evaluated one sample (node, configuration) at a
+    time with ``lax.map`` rather than under ``vmap``: jaxlib 0.10.x runs a
+    *batched* LAPACK call whose batch is large over XLA's intra-op thread
+    pool and blocks its own thread waiting for the pieces, which deadlocks
+    when as many such calls run at once as the pool has threads (a 2-core
+    machine; fixed upstream in jaxlib 0.11.2). Unbatched calls never wait.
+    """
+    found: set[str] = set()
+    stack = [open_jaxpr(jaxpr)[0]]
+    while stack:
+        current = stack.pop()
+        for eqn in live_equations(current)[0]:  # dead code (a replayed model's other sites) is compiled away
+            if eqn.primitive.name in LAPACK_PRIMITIVES:
+                found.add(eqn.primitive.name)
+            stack.extend(_sub_jaxprs(eqn))
+    return found

@@ -237,6 +237,44 @@ EXPECTED = {
         factors={"beta": ("prior", ("beta",), ()), "y": ("likelihood", ("beta",), ("N",))},
         plates={"N": (150, 150)},
     ),
+    "multivariate_regression": Expected(
+        variables={"W": ("Normal", (6, 2), ())},
+        factors={"W": ("prior", ("W",), ()), "y": ("likelihood", ("W",), ("N",))},
+        plates={"N": (30, 30)},
+    ),
+    "baseball": Expected(
+        variables={"phi": ("Beta", (18,), ("num_players",))},
+        factors={"phi": ("prior", ("phi",), ("num_players",)), "y": ("likelihood", ("phi",), ("num_players",))},
+        plates={"num_players": (18, 18)},
+    ),
+    "log_mix": Expected(
+        variables={
+            "theta": ("Beta", (), ()),
+            "mu": ("MultivariateNormal", (2,), ()),
+            "z": ("Categorical", (40,), ("N",)),
+        },
+        factors={
+            "theta": ("prior", ("theta",), ()),
+            "mu": ("prior", ("mu",), ()),
+            "z": ("prior", ("z", "theta"), ("N",)),
+            "y": ("likelihood", ("mu", "z"), ("N",)),
+        },
+        plates={"N": (40, 40)},
+    ),
+    "gp": Expected(
+        variables={
+            "kernel_var": ("Normal", (), ()),
+            "kernel_noise": ("Normal", (), ()),
+            "kernel_length": ("Normal", (), ()),
+        },
+        factors={
+            "kernel_var": ("prior", ("kernel_var",), ()),
+            "kernel_noise": ("prior", ("kernel_noise",), ()),
+            "kernel_length": ("prior", ("kernel_length",), ()),
+            "y": ("likelihood", ("kernel_var", "kernel_noise", "kernel_length"), ()),
+        },
+        transformed=frozenset({"kernel_var", "kernel_noise", "kernel_length"}),
+    ),
 }
 
 
@@ -285,11 +323,11 @@ def test_zoo_graph(name, graphs):
 
 FULLY_CONJUGATE = {
     "beta_bernoulli", "gamma_poisson", "normal_mean_precision", "linear_regression", "gaussian_mixture",
-    "nile", "local_linear_trend", "ar1", "linear_gaussian_ssm",
+    "nile", "local_linear_trend", "ar1", "linear_gaussian_ssm", "multivariate_regression", "baseball", "log_mix",
 }
 HAS_NON_CONJUGATE = {
     "eight_schools_centered", "eight_schools_noncentered", "radon", "logistic_regression", "poisson_regression",
-    "stochastic_volatility",
+    "stochastic_volatility", "gp",
 }
 
 

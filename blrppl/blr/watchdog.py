@@ -1,0 +1,89 @@
+"""No run may hang silently: wait for a dispatched computation while watching the CPU.
+
+XLA:CPU computations do not sleep while they make progress, so a result that
+is not ready while the whole process has used (almost) no CPU for
+``BLRPPL_STALL_SECONDS`` (default 60) is deadlocked, not slow. jaxlib 0.10.x
+has such a deadlock: a *batched* LAPACK call (Cholesky, triangular solve,
+eigh, ... under ``vmap``) whose batch is worth more than about 2e5 flops is
+split over XLA's intra-op thread pool, and its own thread then blocks waiting
+for the pieces; when as many such calls run at once as the pool has threads
+(2 on a 2-core machine), nobody is left to run the pieces (issue 14; fixed
+upstream in jaxlib 0.11.2). blrppl avoids batched LAPACK calls where a
+factor's code calls LAPACK (``lax.map`` over samples and restarts), so this is
+a safety net: a deadlocked computation can never be cancelled, so
+:func:`block_until_ready` raises :class:`~blrppl.errors.RuntimeDeadlock`
+naming the cause and the workaround, and lets the process exit (its shutdown
+would otherwise wait for the computation forever).
+
+``BLRPPL_STALL_SECONDS=0`` turns the check off (a model whose code waits on
+the host, e.g. a ``jax.pure_callback`` that sleeps, looks idle to it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+
+from blrppl.errors import RuntimeDeadlock
+
+DEFAULT_STALL_SECONDS = 60.0
+IDLE_FRACTION = 0.01
+"""Below this fraction of one core over a window, the process counts as idle."""
+POLL_SECONDS = 0.05
+
+
+def stall_seconds() -> float:
+    """The patience of the check, from ``BLRPPL_STALL_SECONDS`` (0 or less: off)."""
+    try:
+        return float(os.environ.get("BLRPPL_STALL_SECONDS", DEFAULT_STALL_SECONDS))
+    except ValueError:
+        return DEFAULT_STALL_SECONDS
+
+
+def block_until_ready(tree: Any, what: str = "the fit") -> Any:
+    """``jax.block_until_ready`` that raises :class:`RuntimeDeadlock` instead of waiting forever.
+
+    Raises:
+      RuntimeDeadlock: when the computation is not ready and the process
+        used less than ``IDLE_FRACTION`` of a core for ``stall_seconds()``.
+    """
+    patience = stall_seconds()
+    leaves = [x for x in jax.tree.leaves(tree) if hasattr(x, "is_ready")]
+    if patience <= 0 or all(x.is_ready() for x in leaves):
+        return jax.block_until_ready(tree)
+    since, cpu_since = time.monotonic(), time.process_time()
+    last = since
+    while not all(x.is_ready() for x in leaves):
+        time.sleep(POLL_SECONDS)
+        now, cpu = time.monotonic(), time.process_time()
+        if now - last > 5.0:  # this thread was not scheduled (process stopped, machine suspended)
+            since, cpu_since = now, cpu
+        last = now
+        if now - since >= 1.0 and cpu - cpu_since > IDLE_FRACTION * (now - since):
+            since, cpu_since = now, cpu  # busy: the computation is progressing
+        elif now - since > patience:
+            import jaxlib
+
+            atexit.register(_exit_now)  # runs before jax's own handlers, which would wait forever
+            raise RuntimeDeadlock(
+                f"{what}: the JAX computation made no progress for {now - since:.0f} s while this process "
+                f"used {cpu - cpu_since:.2f} s of CPU: it is deadlocked, not slow. jaxlib {jaxlib.__version__} "
+                "deadlocks when several batched LAPACK calls (Cholesky, triangular solves, eigh, ... of a "
+                "model's log density evaluated under vmap) run at once on a machine with few cores. "
+                "This process's JAX CPU runtime cannot recover; start Python again with the environment "
+                "variable PJRT_NPROC=1 (one XLA intra-op thread; or run it under `taskset -c 0`), or use "
+                "jaxlib >= 0.11.2. BLRPPL_STALL_SECONDS sets this check's patience (0: off; a model "
+                "whose code waits on the host looks idle to it)."
+            )
+    return tree
+
+
+def _exit_now() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
