@@ -26,6 +26,7 @@ from numpyro.distributions import constraints
 from numpyro.distributions.distribution import validation_enabled
 from numpyro.distributions.transforms import biject_to
 
+from blrppl.errors import site_error
 from blrppl.graph.capture import ConstructorCall, capturing_constructors, constructor_call
 from blrppl.graph.data import ModelData, split_model_data  # noqa: F401 - re-exported
 from blrppl.graph.plates import site_plates
@@ -120,6 +121,7 @@ def run_model(
         if kind in ("sample", "param", "plate") and name in data:
             return None if kind == "sample" and msg["is_observed"] else data[name]
         if placeholders and kind == "sample" and not msg["is_observed"]:
+            _refuse_improper(msg)
             return _placeholder(msg)
         if placeholders and kind == "plate" and msg["value"] is None:
             return jnp.arange(msg["args"][1])  # the first minibatch, not a random one
@@ -130,6 +132,23 @@ def run_model(
             with handlers.substitute(substitute_fn=substitute_fn):
                 model(*model_args, **model_kwargs)
     return ModelRun(trace, frozenset(fixed))
+
+
+def _refuse_improper(msg: Mapping[str, Any]) -> None:
+    """A latent with an improper prior (``ImproperUniform``) has no q to start from."""
+    fn = msg["fn"]
+    while True:
+        if isinstance(fn, dist.ImproperUniform):
+            raise site_error(
+                msg["name"],
+                "an ImproperUniform prior has no normalised density (no exponential-family q, no start, "
+                "no ELBO)",
+                "give the site a proper prior (a broad one such as Normal(0, 100) or HalfNormal(100)), "
+                "or make it a numpyro.param (a point estimate, fitted by EM)",
+            )
+        fn = getattr(fn, "base_dist", None)
+        if fn is None:
+            return
 
 
 def _placeholder(msg: Mapping[str, Any]) -> Any:
