@@ -25,20 +25,23 @@ ANNOTATIONS = (
 """Dawid & Skene (1979), Table 1: one row per patient, the class each assessment gave (1-4)."""
 
 
-def model(annotations):
-    """The multinomial annotation model (numpyro's examples/annotation.py ``multinomial``)."""
-    num_classes = int(np.max(annotations)) + 1
-    num_items, num_positions = annotations.shape
+def model(num_classes=4, shape=(45, 7), *, y=None):
+    """The multinomial annotation model (numpyro's examples/annotation.py ``multinomial``).
+
+    ``y``: the (items, positions) array of annotated classes (None to simulate
+    an array of ``shape``).
+    """
+    num_items, num_positions = shape if y is None else y.shape
     with numpyro.plate("class", num_classes):
         zeta = numpyro.sample("zeta", dist.Dirichlet(jnp.ones(num_classes)))
     pi = numpyro.sample("pi", dist.Dirichlet(jnp.ones(num_classes)))
     with numpyro.plate("item", num_items, dim=-2):
         c = numpyro.sample("c", dist.Categorical(pi))
         with numpyro.plate("position", num_positions):
-            numpyro.sample("y", dist.Categorical(zeta[c]), obs=annotations)
+            numpyro.sample("y", dist.Categorical(zeta[c]), obs=y)
 
 
 def data():
     """The 45 x 7 annotations, classes 0-3."""
     annotations = np.array([[int(ch) - 1 for ch in row] for row in ANNOTATIONS])
-    return (annotations,), {}
+    return (int(np.max(annotations)) + 1,), {"y": annotations}

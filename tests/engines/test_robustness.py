@@ -89,9 +89,9 @@ def test_multimodal_models_start_from_several_points_by_default(rng_key):
     """numpyro's annotation (multinomial) model: one start ends with a class empty (ELBO -248.4)."""
     from models import annotation
 
-    args, _ = annotation.data()
-    single = blrppl.VMP(annotation.model).run(rng_key, 500, *args, progress_bar=False, tol=1e-10, num_restarts=1)
-    default = blrppl.VMP(annotation.model).run(rng_key, 500, *args, progress_bar=False, tol=1e-10)
+    args, kwargs = annotation.data()
+    single = blrppl.VMP(annotation.model).run(rng_key, 500, *args, progress_bar=False, tol=1e-10, num_restarts=1, **kwargs)
+    default = blrppl.VMP(annotation.model).run(rng_key, 500, *args, progress_bar=False, tol=1e-10, **kwargs)
     assert default.num_restarts > 1
     assert float(single.elbo[-1]) < -248.0 and float(default.elbo[-1]) > -244.9
     assert any("different optima" in flag for flag in default.flags)
