@@ -73,7 +73,8 @@ def _dynamic_slice(interp: Any, eqn: Any, operand: Any, *starts: Any) -> Any:
     if len(cats) != 1 or not is_categorical(cats[0]) or cats[0].shape != ():
         raise NonConjugate(first_var(cats[0]), "a slice at a random position other than one scalar categorical")
     (z,) = cats
-    var = z.terms[0].atoms[0].var
+    z_atom = z.terms[0].atoms[0]
+    var = z_atom.var
     _, num = interp.categorical[var]
     operand_shape = tuple(eqn.invars[0].aval.shape)
     iota = jnp.arange(int(np.prod(operand_shape)), dtype=jnp.int32).reshape(operand_shape)
@@ -83,7 +84,9 @@ def _dynamic_slice(interp: Any, eqn: Any, operand: Any, *starts: Any) -> Any:
         positions.append(np.asarray(eqn.primitive.bind(iota, *args, **eqn.params)))
     extended = algebra.reindex(as_poly(operand, interp.space), np.stack(positions, -1), interp.space)
     category = extended.labels[-1]
-    selector = VarAtom(var, "one_hot", (Index((category,)),), sizes=(num,))
+    # The selector reads z where the index came from (z itself, or one
+    # position of it: a chain's initial state z[0]).
+    selector = VarAtom(var, "one_hot", z_atom.index + (Index((category,)),), sizes=z_atom.sizes + (num,))
     shape = tuple(eqn.outvars[0].aval.shape)
     return Poly(shape, extended.labels[:-1], extended.terms, extended.selectors + (selector,))
 
