@@ -25,6 +25,7 @@ from blrppl.symbolic.terms import (
     Term,
     VarAtom,
     constant,
+    fill_missing,
     relabel,
     rename_internal,
     simplify_index,
@@ -485,7 +486,9 @@ def reindex(poly: Poly, positions: np.ndarray, space: Labels) -> Poly:
     positions = np.asarray(positions)
     labels = tuple(space.new(n) for n in positions.shape)
     masked = positions < 0
-    safe = np.where(masked, 0, positions)
+    # Masked positions read a neighbour (their terms are zeroed below; a
+    # selector, common to all terms, then stays in its sequence).
+    safe = fill_missing(positions) if masked.any() and not masked.all() else np.where(masked, 0, positions)
     if poly.shape:
         coords = unravel(safe, poly.shape)
     else:

@@ -27,6 +27,7 @@ from blrppl.symbolic.terms import (
     Poly,
     Term,
     VarAtom,
+    fill_missing,
     ravel,
     simplify_index,
     unravel,
@@ -175,18 +176,10 @@ def _fill_constant_ids(ids: np.ndarray) -> np.ndarray:
 
     Where an index is a constant, ``operand[c]`` is the same for every category
     k, and the selector ``one_hot(z_p)_k`` sums to one over k whatever p is. A
-    nearby p (the next categorical position in C order, else the previous)
-    keeps the term's reads of z close in time, which a chain's q needs.
+    nearby p keeps the term's reads of z close in time and in one sequence,
+    which a chain's q needs (:func:`~blrppl.symbolic.terms.fill_missing`).
     """
-    flat = np.asarray(ids).reshape(-1).copy()
-    known = np.flatnonzero(flat >= 0)
-    if known.size == 0 or known.size == flat.size:
-        return np.asarray(ids)
-    missing = np.flatnonzero(flat < 0)
-    after = np.searchsorted(known, missing)
-    nearest = known[np.minimum(after, known.size - 1)]
-    flat[missing] = flat[nearest]
-    return flat.reshape(np.shape(ids))
+    return fill_missing(ids)
 
 
 def merge_categorical(poly: Any, space: Labels) -> Any:
