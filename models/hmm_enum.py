@@ -60,4 +60,4 @@ def data(num_sequences=8, max_length=24, num_tones=4):
         for t in range(length):
             x = rng.choice(3, p=trans[x])
             y[t, n] = rng.uniform(size=num_tones) < probs[x]
-    return (3,), {"y": jnp.asarray(y), "lengths": jnp.asarray(lengths, dtype=jnp.int32)}
+    return (3,), {"y": jnp.asarray(y), "lengths": jnp.asarray(lengths, dtype=jnp.int32), "num_tones": num_tones}

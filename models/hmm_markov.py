@@ -9,7 +9,7 @@ The way Pyro's and NumPyro's HMM tutorials write it (there the loop runs over
 ``markov(range(T))`` from ``numpyro.contrib.funsor``, which gives the same
 sites). blrppl joins the sites ``z_0 .. z_T`` into one chain Categorical q
 named ``z_0`` (the chain's first site), so the fit equals the ``scan`` form's.
-``y`` is (N, T).
+``y`` is time-major (T, N): ``y[t]`` holds step t of every sequence.
 """
 
 import jax.numpy as jnp
@@ -20,8 +20,8 @@ import numpyro.distributions as dist
 
 def model(num_states=2, num_steps=None, num_sequences=None, *, y=None):
     """The loop over steps inside a plate of sequences; sites ``z_t`` and ``y_t``."""
-    count = num_sequences if y is None else y.shape[0]
-    length = num_steps if y is None else y.shape[1]
+    length = num_steps if y is None else y.shape[0]
+    count = num_sequences if y is None else y.shape[1]
     with numpyro.plate("K", num_states):
         trans = numpyro.sample("trans", dist.Dirichlet(jnp.ones(num_states)))
         mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
@@ -30,7 +30,7 @@ def model(num_states=2, num_steps=None, num_sequences=None, *, y=None):
         z = numpyro.sample("z_0", dist.Categorical(jnp.ones(num_states) / num_states))
         for t in range(length):
             z = numpyro.sample(f"z_{t + 1}", dist.Categorical(trans[z]))
-            y_t = None if y is None else y[:, t]
+            y_t = None if y is None else y[t]
             numpyro.sample(f"y_{t}", dist.Normal(mu[z], 1.0 / jnp.sqrt(tau[z])), obs=y_t)
 
 
@@ -38,10 +38,10 @@ def data(num_sequences=5, num_steps=15):
     """Five 15-step sequences from a sticky two-state chain (fixed seed)."""
     rng = np.random.default_rng(17)
     trans = np.array([[0.85, 0.15], [0.2, 0.8]])
-    y = np.zeros((num_sequences, num_steps))
+    y = np.zeros((num_steps, num_sequences))
     for n in range(num_sequences):
         z = rng.integers(2)
         for t in range(num_steps):
             z = rng.choice(2, p=trans[z])
-            y[n, t] = (-2.0, 2.0)[z] + 0.7 * rng.normal()
+            y[t, n] = (-2.0, 2.0)[z] + 0.7 * rng.normal()
     return (2,), {"y": jnp.asarray(y)}
