@@ -6,8 +6,9 @@ for each series n (a plate):  level_n ~ GaussianRandomWalk(1 / sqrt(prec_level),
 
 The random walks share their noise precisions; each series gets its own chain
 Gaussian (one q over (N, T), Kalman/RTS passes vmapped over the series). ``y``
-(N, T) is padded with NaN past each series' end and ``mask`` (N, T) marks the
-observed entries; the level past the end is a forecast.
+(N, T) is padded with zeros past each series' end and ``mask`` (N, T) marks the
+observed entries; the level past the end is a forecast. (Pad with numbers: a
+mask inside ``to_event`` does not make NaN acceptable to blrppl's data check.)
 """
 
 import jax.numpy as jnp
@@ -37,4 +38,4 @@ def data(num_series=6, max_length=40):
     level = np.cumsum(0.5 * rng.normal(size=(num_series, max_length)), axis=1)
     y = level + 0.8 * rng.normal(size=level.shape)
     mask = np.arange(max_length)[None, :] < lengths[:, None]
-    return (), {"y": jnp.asarray(np.where(mask, y, np.nan)), "mask": jnp.asarray(mask)}
+    return (), {"y": jnp.asarray(np.where(mask, y, 0.0)), "mask": jnp.asarray(mask)}

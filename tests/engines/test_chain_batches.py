@@ -245,17 +245,17 @@ NUM_SERIES, SERIES_LENGTH = 5, 30
 
 
 def series_data():
-    """(y, mask, lengths): y (N, T), NaN past each end."""
+    """(y, mask, lengths): y (N, T), zero past each end (a mask inside to_event needs numbers)."""
     rng = np.random.default_rng(6)
     lengths = rng.integers(15, SERIES_LENGTH + 1, NUM_SERIES)
     level = START_SD * rng.normal(size=(NUM_SERIES, 1)) + np.cumsum(LEVEL_SD * rng.normal(size=(NUM_SERIES, SERIES_LENGTH)), 1)
     y = level + OBS_SD * rng.normal(size=level.shape)
     mask = np.arange(SERIES_LENGTH)[None, :] < lengths[:, None]
-    return np.where(mask, y, np.nan), mask, lengths
+    return np.where(mask, y, 0.0), mask, lengths
 
 
-def kalman_smoother(y, first_mean, first_var, level_var, obs_var):
-    """Scalar local level, x_1 ~ N(first_mean, first_var); NaN y are missing: (means, variances, log p(y))."""
+def kalman_smoother(y, first_mean, first_var, level_var, obs_var, observed=None):
+    """Scalar local level, x_1 ~ N(first_mean, first_var), y where observed: (means, variances, log p(y))."""
     n = len(y)
     m_pred, p_pred, m_filt, p_filt = (np.zeros(n) for _ in range(4))
     m, p, loglik = first_mean, first_var, 0.0
@@ -263,7 +263,7 @@ def kalman_smoother(y, first_mean, first_var, level_var, obs_var):
         if t:
             p = p + level_var
         m_pred[t], p_pred[t] = m, p
-        if np.isfinite(y[t]):
+        if observed is None or observed[t]:
             f = p + obs_var
             loglik -= 0.5 * (np.log(2 * np.pi * f) + (y[t] - m) ** 2 / f)
             m, p = m + p / f * (y[t] - m), p * obs_var / f
@@ -321,7 +321,7 @@ def test_batch_of_local_levels_is_a_kalman_smoother_per_series(model, rng_key):
     posterior = result.posterior[name]
     evidence = 0.0
     for n in range(NUM_SERIES):
-        means, variances, loglik = kalman_smoother(y[n], 0.0, first_var, LEVEL_SD**2, OBS_SD**2)
+        means, variances, loglik = kalman_smoother(y[n], 0.0, first_var, LEVEL_SD**2, OBS_SD**2, mask[n])
         np.testing.assert_allclose(posterior.mean[n], means, rtol=1e-8, atol=1e-10)
         np.testing.assert_allclose(posterior.variance[n], variances, rtol=1e-8)
         evidence += loglik
