@@ -322,6 +322,17 @@ def _check_options(graph: FactorGraph, config: Config, model: Callable) -> None:
                     f"site {factor!r}: estimator names a factor the model does not have; use one of "
                     f"{sorted(graph.factors)}."
                 )
+    linked = discrete_loop_chain(graph)
+    if linked is not None:
+        raise ModelError(
+            f"site {linked[0]!r}: the discrete latents {', '.join(repr(s) for s in linked[:3])}"
+            f"{', ...' if len(linked) > 3 else ''} form a Markov chain written one site per step "
+            "(a Python loop or numpyro.markov) that blrppl could not join into one chain q (each "
+            "step must be one site of one shape whose distribution depends on the previous step "
+            "only); write the chain with numpyro.contrib.control_flow.scan (the initial state "
+            "sampled before the scan, each step's state inside it) so that it gets a "
+            "ChainCategorical q."
+        )
     if config.order is not None and sorted(config.order) != sorted(graph.variables):
         raise ModelError(
             f"site {getattr(model, '__name__', 'model')!r}: order must list every latent variable once: "

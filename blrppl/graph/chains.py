@@ -227,3 +227,31 @@ def markov_chains(
         )
         chains[head] = (info, family[head])
     return chains
+
+
+def discrete_loop_chain(graph: Any) -> tuple[str, ...] | None:
+    """Three or more discrete latent sites linked by their priors and left unjoined, else None.
+
+    :func:`markov_chains` joins the loops it recognises; what is left (a step
+    with two children, steps of different shapes) keeps one node per time
+    step. Returns the sites of the longest such path found, first to last,
+    so that engines can say what to do instead.
+    """
+    discrete = {
+        name
+        for name, node in graph.variables.items()
+        if node.family in _DISCRETE and node.chain is None and not node.members
+    }
+    parents = {}
+    for name in discrete:
+        factor = graph.factors.get(name)
+        if factor is not None and factor.kind == "prior":
+            parents[name] = [v for v in factor.neighbours if v != name and v in discrete]
+    best: tuple[str, ...] = ()
+    for name in parents:
+        path = [name]
+        while parents.get(path[-1]) and parents[path[-1]][0] not in path:
+            path.append(parents[path[-1]][0])
+        if len(path) > len(best):
+            best = tuple(reversed(path))
+    return best if len(best) >= MIN_LOOP_LENGTH else None
