@@ -108,6 +108,32 @@ def test_a_constant_initial_carry_starts_the_chain(rng_key):
     np.testing.assert_allclose(result.elbo[-1], evidence, rtol=1e-12)
 
 
+def known_hmm_first_observed(y=None):
+    """The zoo's layout with the initial state's own observation before the scan."""
+    z0 = numpyro.sample("z0", dist.Categorical(jnp.asarray(INIT)))
+    numpyro.sample("y0", dist.Normal(jnp.asarray(MU)[z0], SIGMA), obs=y[0])
+
+    def transition(z_prev, y_t):
+        z = numpyro.sample("z", dist.Categorical(jnp.asarray(TRANS)[z_prev]))
+        numpyro.sample("y", dist.Normal(jnp.asarray(MU)[z], SIGMA), obs=y_t)
+        return z, None
+
+    scan(transition, z0, y[1:])
+
+
+def test_the_initial_state_may_emit_before_the_scan(rng_key):
+    y = 2.0 * np.random.default_rng(2).normal(size=6)
+    result = blrppl.ConjugateBayes(known_hmm_first_observed).run(rng_key, 1, y=jnp.asarray(y), progress_bar=False)
+    paths = np.array(list(itertools.product(range(K), repeat=len(y))))
+    log_p = np.log(INIT)[paths[:, 0]] + np.log(TRANS)[paths[:, :-1], paths[:, 1:]].sum(1)
+    log_p = log_p + norm.logpdf(y[None, :], MU[paths], SIGMA).sum(1)
+    evidence = logsumexp(log_p)
+    weights = np.exp(log_p - evidence)
+    marginals = np.stack([np.bincount(paths[:, t], weights, minlength=K) for t in range(len(y))])
+    np.testing.assert_allclose(result.posterior["z"].marginals, marginals, rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(result.elbo[-1], evidence, rtol=1e-12)
+
+
 # --------------------------------------------------------------------- EM
 
 
