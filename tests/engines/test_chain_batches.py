@@ -171,29 +171,34 @@ def _marginals(result):
 # -- HMMs over many sequences ----------------------------------------------------------
 
 
+LAYOUTS = {"plate outside the scan": hmm_plate_outside, "plate inside the scan": hmm_plate_inside}
+
+
+def exact_fit(engine, y, mask):
+    """One exact step; restarts would only compile a second, random-start program."""
+    return engine.run(jax.random.key(0), 1, jnp.asarray(y), jnp.asarray(mask), num_restarts=1, progress_bar=False)
+
+
 @pytest.fixture(scope="module")
-def outside_fits():
-    out = {}
-    for unequal in (False, True):
-        y, mask, lengths = hmm_data(unequal)
-        out[unequal] = blrppl.ConjugateBayes(hmm_plate_outside).run(
-            jax.random.key(0), 1, jnp.asarray(y), jnp.asarray(mask), progress_bar=False
-        )
-    return out
+def hmm_fits():
+    """ConjugateBayes per layout, on equal and unequal lengths: one engine (one compilation) per layout."""
+    fits = {}
+    for layout, model in LAYOUTS.items():
+        engine = blrppl.ConjugateBayes(model)
+        for unequal in (False, True):
+            fits[layout, unequal] = exact_fit(engine, *hmm_data(unequal)[:2])
+    return fits
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["plate outside the scan", "plate inside the scan"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("unequal", [False, True], ids=["equal lengths", "unequal lengths"])
-def test_conjugate_bayes_is_forward_backward_per_sequence(layout, unequal, outside_fits):
+def test_conjugate_bayes_is_forward_backward_per_sequence(layout, unequal, hmm_fits):
     y, mask, lengths = hmm_data(unequal)
+    result = hmm_fits[layout, unequal]
     if layout == "plate outside the scan":
-        result = outside_fits[unequal]
         padding = 0.0  # the states past each end continue the chain unobserved
     else:
-        result = blrppl.ConjugateBayes(hmm_plate_inside).run(
-            jax.random.key(0), 1, jnp.asarray(y), jnp.asarray(mask), progress_bar=False
-        )
         padding = (MAX_LENGTH * NUM_SEQUENCES - lengths.sum()) * np.log(K)  # masked steps: uniform, log K each
     q = result.plan.qs["z"]
     assert q.family.name == "ChainCategorical" and q.batch_shape[0] == NUM_SEQUENCES
@@ -224,30 +229,52 @@ def test_em_is_baum_welch_over_all_sequences(rng_key):
         np.testing.assert_allclose(state.params["sigma"], sigma, rtol=1e-8)
 
 
+LOOP_LENGTH = 16  # a loop's trace replays the model once per site: cost grows as the square of its length
+
+
+def loop_data():
+    """The first LOOP_LENGTH steps of hmm_data's sequences, cut to 8..16 steps."""
+    y, _, lengths = hmm_data(unequal=True)
+    lengths = 8 + lengths % 9
+    mask = np.arange(LOOP_LENGTH)[:, None] < lengths[None, :]
+    return np.where(mask, y[:LOOP_LENGTH], np.nan), mask, lengths
+
+
+@pytest.fixture(scope="module")
+def loop_reference():
+    """The scan form (plate outside) on loop_data."""
+    return exact_fit(blrppl.ConjugateBayes(hmm_plate_outside), *loop_data()[:2])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", [hmm_loop, hmm_markov], ids=["python loop", "numpyro markov"])
-def test_a_loop_chain_equals_the_scan_form(model, outside_fits):
+def test_a_loop_chain_equals_the_scan_form(model, loop_reference):
     if model is hmm_markov:
         pytest.importorskip("funsor")
-    y, mask, _ = hmm_data(unequal=True)
-    result = blrppl.ConjugateBayes(model).run(jax.random.key(0), 1, jnp.asarray(y), jnp.asarray(mask), progress_bar=False)
+    y, mask, lengths = loop_data()
+    result = exact_fit(blrppl.ConjugateBayes(model), y, mask)
     chain = result.graph.variables["z_0"].chain
-    assert chain.kind == "markov" and chain.length == MAX_LENGTH and chain.batch_shape == (NUM_SEQUENCES,)
-    np.testing.assert_allclose(_marginals(result), _marginals(outside_fits[True]), rtol=1e-10, atol=1e-13)
-    np.testing.assert_allclose(result.elbo[-1], outside_fits[True].elbo[-1], rtol=1e-12)
+    assert chain.kind == "markov" and chain.length == LOOP_LENGTH and chain.batch_shape == (NUM_SEQUENCES,)
+    marginals = np.asarray(result.posterior["z_0"].marginals).reshape(NUM_SEQUENCES, LOOP_LENGTH, K)
+    reference = np.asarray(loop_reference.posterior["z"].marginals).reshape(NUM_SEQUENCES, LOOP_LENGTH, K)
+    np.testing.assert_allclose(marginals, reference, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(result.elbo[-1], loop_reference.elbo[-1], rtol=1e-12)
+    # ... and both are forward-backward per sequence.
+    for n, (m, _, _) in enumerate(per_sequence(y, lengths, INIT, TRANS, MU, SIGMA)):
+        np.testing.assert_allclose(marginals[n, : lengths[n]], m, rtol=1e-8, atol=1e-12)
 
 
 # -- batches of local levels -------------------------------------------------------
 
 
 LEVEL_SD, OBS_SD, START_SD = 0.6, 0.9, 3.0
-NUM_SERIES, SERIES_LENGTH = 5, 30
+NUM_SERIES, SERIES_LENGTH = 5, 16  # short: the loop form replays the model once per site
 
 
 def series_data():
     """(y, mask, lengths): y (N, T), zero past each end (a mask inside to_event needs numbers)."""
     rng = np.random.default_rng(6)
-    lengths = rng.integers(15, SERIES_LENGTH + 1, NUM_SERIES)
+    lengths = rng.integers(SERIES_LENGTH // 2, SERIES_LENGTH + 1, NUM_SERIES)
     level = START_SD * rng.normal(size=(NUM_SERIES, 1)) + np.cumsum(LEVEL_SD * rng.normal(size=(NUM_SERIES, SERIES_LENGTH)), 1)
     y = level + OBS_SD * rng.normal(size=level.shape)
     mask = np.arange(SERIES_LENGTH)[None, :] < lengths[:, None]
