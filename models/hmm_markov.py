@@ -34,8 +34,8 @@ def model(num_states=2, num_steps=None, num_sequences=None, *, y=None):
             numpyro.sample(f"y_{t}", dist.Normal(mu[z], 1.0 / jnp.sqrt(tau[z])), obs=y_t)
 
 
-def data(num_sequences=5, num_steps=15):
-    """Five 15-step sequences from a sticky two-state chain (fixed seed)."""
+def data(num_sequences=5, num_steps=10):
+    """Five 10-step sequences from a sticky two-state chain (fixed seed); short, as tracing a loop costs ~T^2."""
     rng = np.random.default_rng(17)
     trans = np.array([[0.85, 0.15], [0.2, 0.8]])
     y = np.zeros((num_steps, num_sequences))

@@ -142,18 +142,18 @@ EXPECTED = {
             "trans": ("Dirichlet", (2, 2), ("K",)),
             "mu": ("Normal", (2,), ("K",)),
             "tau": ("Gamma", (2,), ("K",)),
-            "z_0": ("ChainCategorical", (5, 16), ("sequences",)),
+            "z_0": ("ChainCategorical", (5, 11), ("sequences",)),
         },
         factors={
             "trans": ("prior", ("trans",), ("K",)),
             "mu": ("prior", ("mu",), ("K",)),
             "tau": ("prior", ("tau",), ("K",)),
             "z_0": ("prior", ("z_0",), ("sequences",)),
-            **{f"z_{t + 1}": ("prior", ("z_0", "trans"), ("sequences",)) for t in range(15)},
-            **{f"y_{t}": ("likelihood", ("mu", "tau", "z_0"), ("sequences",)) for t in range(15)},
+            **{f"z_{t + 1}": ("prior", ("z_0", "trans"), ("sequences",)) for t in range(10)},
+            **{f"y_{t}": ("likelihood", ("mu", "tau", "z_0"), ("sequences",)) for t in range(10)},
         },
         plates={"K": (2, 2), "sequences": (5, 5)},
-        chains={"z_0": (tuple(f"z_{t}" for t in range(16)), 16, "markov")},
+        chains={"z_0": (tuple(f"z_{t}" for t in range(11)), 11, "markov")},
     ),
     "eight_schools_centered": Expected(
         variables={
