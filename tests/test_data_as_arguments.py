@@ -1,7 +1,8 @@
 """Data are arguments of the compiled fit: new data of the same shapes reuse it, correctly.
 
 For models of every kind (conjugate, mixture with k-means starts, HMM and
-Gaussian chains, EM point estimates, hybrid and GLM factors), a second ``run``
+Gaussian chains, batches of sequences, in-scan starts, EM point estimates,
+hybrid and GLM factors), a second ``run``
 of the same engine on perturbed data of the same shapes must give exactly what
 a fresh engine gives on those data (no stale constant in the compiled
 program), and, where the plan's signature is unchanged, reuse the compiled
@@ -20,6 +21,8 @@ CASES = [
     ("normal_mean_precision", blrppl.VMP, {}),
     ("gaussian_mixture", blrppl.VMP, {}),
     ("hmm", blrppl.VMP, {}),
+    ("hmm_enum", blrppl.VMP, {}),
+    ("local_level_in_scan", blrppl.VMP, {}),
     ("local_level_scan", blrppl.NonConjugateVI, {}),
     ("nile", blrppl.EM, {}),
     ("radon", blrppl.NonConjugateVI, {}),

@@ -361,9 +361,11 @@ def _check_options(graph: FactorGraph, config: Config, model: Callable) -> None:
         raise ModelError(
             f"site {linked[0]!r}: the discrete latents {', '.join(repr(s) for s in linked[:3])}"
             f"{', ...' if len(linked) > 3 else ''} form a Markov chain written one site per step "
-            "(a Python loop or numpyro.markov), which blrppl does not join into one chain q; write "
-            "the chain with numpyro.contrib.control_flow.scan (the initial state sampled before the "
-            "scan, each step's state inside it) so that it gets a ChainCategorical q."
+            "(a Python loop or numpyro.markov) that blrppl could not join into one chain q (each "
+            "step must be one site of one shape whose distribution depends on the previous step "
+            "only); write the chain with numpyro.contrib.control_flow.scan (the initial state "
+            "sampled before the scan, each step's state inside it) so that it gets a "
+            "ChainCategorical q."
         )
     if config.order is not None and sorted(config.order) != sorted(graph.variables):
         raise ModelError(

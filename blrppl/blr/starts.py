@@ -49,12 +49,14 @@ def start_arrays(graph: Any, qs: Mapping[str, Any], estimators: tuple, init: Map
         if q.family.layout.example is None:
             entry["placeholder"] = _from_prior(q, node)
         if q.family.index_valued:
-            sizes = (q.shape[0], q.shape[0] - 1) if q.family.chain else (q.shape[0],) if len(q.shape) == 1 else ()
+            points = _chain_observations(graph, v, q) if q.family.chain else None
+            sizes = () if q.family.chain else (q.shape[0],) if len(q.shape) == 1 else ()
             for size in sizes:
                 points = _observations(graph, v, size)
                 if points is not None:
-                    entry["points"] = points
                     break
+            if points is not None:
+                entry["points"] = points
         priors = _prior_factors(graph, v)
         if q.family.gaussian and not q.family.chain and any(methods[f].estimated for f in priors):
             entry["gaussian"] = _gaussian_from_prior(q, node)
@@ -186,25 +188,63 @@ def _observations(graph: Any, var: str, size: int) -> Optional[np.ndarray]:
     return None
 
 
+def _chain_observations(graph: Any, var: str, q: Any) -> Optional[jax.Array]:
+    """Observations of a discrete chain, one row per sequence and step: (B..., T or T - 1, D).
+
+    Read from one likelihood factor whose value has the sequences and steps
+    as leading axes (in either order), or, for a chain written as a Python
+    loop, from one factor per step.
+    """
+    batch, length = q.batch_shape, q.shape[q.num_batch]
+    nb = len(batch)
+    node = graph.variables[var]
+    values = []
+    for factor in graph.factors.values():
+        if factor.kind != "likelihood" or var not in factor.neighbours or factor.value is None:
+            continue
+        data = np.asarray(factor.value, dtype=np.result_type(float, np.asarray(factor.value).dtype))
+        if not np.all(np.isfinite(data)):
+            continue
+        values.append(data)
+        for steps in (length, length - 1):
+            if data.shape[: nb + 1] == batch + (steps,):
+                rows = data
+            elif data.shape[: nb + 1] == (steps,) + batch:
+                rows = np.moveaxis(data, 0, nb)
+            else:
+                continue
+            return jnp.asarray(np.reshape(rows, batch + (steps, -1)), jnp.result_type(float))
+    if node.chain is not None and node.chain.kind == "markov":
+        steps = [d for d in values if d.shape[:nb] == batch]
+        if len(steps) in (length, length - 1) and len({d.shape for d in steps}) == 1:
+            rows = np.stack(steps, axis=nb)
+            return jnp.asarray(np.reshape(rows, batch + (len(steps), -1)), jnp.result_type(float))
+    return None
+
+
 def _categorical_start(rng_key: jax.Array, q: Any, points: Optional[jax.Array]) -> Any:
     """Responsibilities: k-means on the indexed observations, else random (Dirichlet(1)).
 
     A chain starts with independent marginals (no pair potentials); its
-    k-means marginals are aligned at the end of the chain (a scan chain joined
-    with its initial state has one state more than observations; that state
-    starts uniform).
+    k-means marginals (one k-means over every sequence's steps) are aligned
+    at the end of the chain (a scan chain joined with its initial state has
+    one state more than observations; that state starts uniform).
     """
     num = q.num_categories
-    length = q.shape[0] if q.shape else 1
-    if points is not None:
+    if points is not None and q.family.chain:
+        batch, length = q.batch_shape, q.shape[q.num_batch]
+        steps = points.shape[len(batch)]
+        probs = _kmeans(rng_key, jnp.reshape(points, (-1, points.shape[-1])), num)
+        probs = jnp.reshape(probs, batch + (steps, num))
+        uniform = jnp.full(batch + (length - steps, num), 1.0 / num)
+        probs = jnp.concatenate([uniform, probs], axis=len(batch))
+    elif points is not None:
         probs = _kmeans(rng_key, points, num)
-        if q.family.chain:
-            uniform = jnp.full((length - points.shape[0], num), 1.0 / num)
-            probs = jnp.concatenate([uniform, probs])
     else:
         probs = jax.random.dirichlet(rng_key, jnp.ones(num), q.shape)
     if q.family.chain:
-        return q.family.stats_type(one_hot=jnp.log(probs), pair=jnp.zeros((length - 1, num, num)))
+        pair = jnp.zeros(q.batch_shape + (q.shape[q.num_batch] - 1, num, num))
+        return q.family.stats_type(one_hot=jnp.log(probs), pair=pair)
     return q.family.stats_type(one_hot=jnp.log(probs))
 
 

@@ -145,8 +145,8 @@ def example_latents(graph: FactorGraph) -> dict[str, jax.Array]:
     for name, node in graph.variables.items():
         if node.members:
             out[name] = {m.name: jnp.asarray(values[m.name]) for m in node.members}
-        elif node.chain is not None and len(node.chain.sites) > 1:
-            out[name] = join_chain(values, node.chain.sites, node.chain.time_axis)
+        elif node.chain is not None:
+            out[name] = join_chain(values, node.chain)
         else:
             out[name] = jnp.asarray(values[name])
     return out

@@ -133,7 +133,7 @@ def nonconjugate_estimator(
         return FactorEstimator(factor, (), Method((), (), method), point_estimate)
     sequential = calls_lapack(log_density, {v: examples[v] for v in neighbours})
     for v in neighbours:
-        if qs[v].family.chain and not _separable_in_time(log_density, examples, neighbours, v):
+        if qs[v].family.chain and not _separable_in_time(log_density, examples, neighbours, v, qs[v].num_batch + 1):
             raise ModelError(
                 f"site {factor!r}: the factor is not conjugate in the chain {v!r} ({reason}) and couples "
                 "its time steps; non-conjugate site parameters of a chain are available for factors "
@@ -293,15 +293,18 @@ def expectation_over(
     return estimate
 
 
-def _separable_in_time(log_density, examples, neighbours, v, num_masks: int = 3) -> bool:
-    """Whether log f's Hessian in the chain ``v`` is block diagonal over time (random masks)."""
+def _separable_in_time(log_density, examples, neighbours, v, num_axes: int = 1, num_masks: int = 3) -> bool:
+    """Whether log f's Hessian in the chain ``v`` is block diagonal over (sequence, time) (random masks).
+
+    ``num_axes``: the leading axes of the chain's value that index sequences and time.
+    """
     x0 = jnp.asarray(examples[v], dtype=float)
     rest = {k: examples[k] for k in neighbours if k != v}
     grad = jax.grad(lambda x: log_density({**rest, v: x}, {}))
     rng = np.random.default_rng(0)
     for _ in range(num_masks):
-        keep = rng.random(x0.shape[0]) < 0.5
-        mask = jnp.asarray(keep.reshape((-1,) + (1,) * (x0.ndim - 1)), x0.dtype)
+        keep = rng.random(x0.shape[:num_axes]) < 0.5
+        mask = jnp.asarray(keep.reshape(keep.shape + (1,) * (x0.ndim - num_axes)), x0.dtype)
         probe = jnp.asarray(rng.normal(size=x0.shape), x0.dtype) * mask
         response = jax.jvp(grad, (x0,), (probe,))[1]
         leak = jnp.max(jnp.abs(response * (1.0 - mask)))
@@ -418,7 +421,7 @@ def _single_quadrature(graph, factor, qs, examples, transforms, fixed, v) -> boo
     """Whether Gauss-Hermite suits the one Gaussian neighbour ``v`` (see :func:`_auto_method`)."""
     q = qs[v]
     if q.family.chain:  # separable over time (checked): one small Gaussian per step
-        return math.prod(q.shape[1:]) <= 2
+        return math.prod(q.shape[q.num_batch + 1 :]) <= 2
     if q.family.event_ndim == 1:
         return not q.num_batch and math.prod(q.block_shape) <= 2
     log_density = factor_log_density(graph, factor, transforms, fixed, use_canonical=False)

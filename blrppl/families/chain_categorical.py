@@ -399,8 +399,10 @@ def _to_value_layout(q, mean: ChainCategoricalStats) -> dict:
 
 
 def _example(q) -> ChainCategoricalStats:
-    length, k = q.shape[0], q.num_categories
-    return ChainCategoricalStats(one_hot=jnp.zeros((length, k)), pair=jnp.zeros((length - 1, k, k)))
+    batch, length, k = q.batch_shape, q.shape[q.num_batch], q.num_categories
+    return ChainCategoricalStats(
+        one_hot=jnp.zeros(batch + (length, k)), pair=jnp.zeros(batch + (length - 1, k, k))
+    )
 
 
 def start_at(natural: ChainCategoricalStats, value: ArrayLike) -> ChainCategoricalStats:

@@ -90,7 +90,8 @@ class VariableQ:
         an unconstrained space the unconstrained shape (a joint block: the
         length of its flat vector).
       num_batch: leading axes of ``shape`` over which q factorises; the
-        remaining axes form one block.
+        remaining axes form one block (for a chain family: the independent
+        sequences; the block is then time and state).
       transform: numpyro transform from q's space to the site's support, or
         None when q lives on the support itself. A joint block's transform
         maps its flat vector to a dict of member site values.

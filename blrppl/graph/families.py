@@ -216,36 +216,36 @@ def variable_q(node: Any, plates: dict, family_override: Optional[str] = None) -
 
 
 def _chain_q(node: Any, family: Any) -> VariableQ:
-    """The q of a chain: time on axis 0, then one state."""
+    """The q of a chain: independent sequences (batch axes), then time, then one state."""
     chain = node.chain
-    state = tuple(chain.state_shape) if chain is not None else tuple(node.shape[1:])
+    if chain is not None:
+        batch, state = tuple(chain.batch_shape), tuple(chain.state_shape)
+    else:
+        batch, state = (), tuple(node.shape[1:])
+    shape = tuple(node.shape)
+    length = shape[len(batch)]
     if family.index_valued:
-        if state or (chain is not None and chain.time_axis != 0):
+        if state:
             raise ModelError(
-                f"site {node.name!r}: a discrete chain with states of shape {state} (several chains "
-                "side by side, or time on another axis) is not supported yet; write one scalar state "
-                "per scan step (a separate model per sequence)."
+                f"site {node.name!r}: a discrete chain with states of shape {state} is not supported; "
+                "write one integer state per sequence and step (states of shape (N,) or (N, 1) per "
+                "step for N sequences)."
             )
-        if node.shape[0] < 2:
+        if length < 2:
             raise ModelError(
-                f"site {node.name!r}: a discrete chain of length {node.shape[0]} has no transitions; "
+                f"site {node.name!r}: a discrete chain of length {length} has no transitions; "
                 "sample the state as an ordinary Categorical site."
             )
-        return VariableQ(node.name, family, tuple(node.shape), 1, None, num_categories(node))
-    if chain is not None and chain.time_axis != 0:
-        raise ModelError(
-            f"site {node.name!r}: {int(np.prod(node.shape[: chain.time_axis]))} chains side by side "
-            f"(batch shape {tuple(node.shape[: chain.time_axis])} before the time axis) are not "
-            "supported; fit one chain per model, or stack the series into the state vector of one chain."
-        )
+        return VariableQ(node.name, family, shape, len(batch), None, num_categories(node))
     if node.transform is not None or len(state) > 1:
         raise ModelError(
             f"site {node.name!r}: a chain with states of shape {state} on a transformed space is not "
-            "supported; write each state as a vector (time first), on the real line."
+            "supported; write each state as a vector (time first), on the real line, and declare "
+            "independent sequences with numpyro.plate."
         )
     if not state:
         family = get_family(SCALAR_STATE[family.name])
-    return VariableQ(node.name, family, tuple(node.shape), 1)
+    return VariableQ(node.name, family, shape, len(batch))
 
 
 def num_categories(node: Any) -> int:

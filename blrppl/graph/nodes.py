@@ -58,12 +58,19 @@ class ChainInfo:
     """Time-series structure of a chain variable.
 
     ``sites`` are the numpyro sites joined into the chain, in order (an
-    initial-state site, then the site holding the stacked states). ``length``
-    is the number of time steps T (initial state included), ``state_shape``
-    the shape of one state (``()`` for scalar, ``(d,)`` for vectors), and
-    ``time_axis`` the axis of the stacked site value that indexes time.
+    initial-state site, then the site holding the stacked states; or, for a
+    Python loop, one site per time step). ``length`` is the number of time
+    steps T (initial state included), ``state_shape`` the shape of one state
+    (``()`` for scalar, ``(d,)`` for vectors), ``batch_shape`` the shape of
+    independent sequences side by side (plates: ``(N,)`` for N sequences),
+    and ``time_axis`` the axis of the stacked site value that indexes time.
     ``kind`` names how the chain was written: ``"GaussianRandomWalk"``,
-    ``"GaussianStateSpace"``, ``"scan"`` or ``"markov"`` (discrete chains).
+    ``"GaussianStateSpace"``, ``"scan"`` or ``"markov"`` (a Python loop, under
+    ``numpyro.markov`` or not).
+
+    The chain variable's value is ``batch_shape + (length,) + state_shape``
+    (sequences first, then time): :func:`blrppl.graph.replay.split_latents`
+    moves time back to ``time_axis`` of each site.
     """
 
     sites: tuple[str, ...]
@@ -71,6 +78,12 @@ class ChainInfo:
     state_shape: tuple[int, ...]
     time_axis: int
     kind: str
+    batch_shape: tuple[int, ...] = ()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The chain variable's value shape: batch, time, state."""
+        return tuple(self.batch_shape) + (self.length,) + tuple(self.state_shape)
 
 
 @dataclasses.dataclass(frozen=True)

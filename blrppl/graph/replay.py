@@ -261,25 +261,43 @@ def split_latents(graph: "FactorGraph", latent_values: Mapping[str, Any]) -> dic
     for name, value in latent_values.items():
         node = graph.variables.get(name)
         chain = None if node is None else node.chain
-        if chain is None or len(chain.sites) == 1:
+        if chain is None:
             data[name] = value
-            continue
-        first, rest = chain.sites
-        axis = chain.time_axis
-        data[first] = jnp.take(value, 0, axis=axis)
-        data[rest] = jax.lax.slice_in_dim(value, 1, jnp.shape(value)[axis], axis=axis)
+        else:
+            data.update(split_chain(value, chain))
     return data
 
 
-def join_chain(values: Mapping[str, Any], sites: tuple[str, ...], time_axis: int) -> Any:
-    """The joined chain value of ``sites`` (an initial state, then stacked states)."""
-    if len(sites) == 1:
-        return values[sites[0]]
-    first, rest = sites
-    return jnp.concatenate(
-        [jnp.expand_dims(jnp.asarray(values[first]), time_axis), jnp.asarray(values[rest])],
-        axis=time_axis,
-    )
+def split_chain(value: Any, chain: Any) -> dict[str, Any]:
+    """A chain variable's value (batch, time, state) -> its sites' values.
+
+    A Python-loop chain gives one site per time step; a scan chain its
+    initial state (if it has one) and the stacked states, time moved back to
+    the site's ``time_axis``.
+    """
+    axis = len(chain.batch_shape)
+    leading = jnp.ndim(value) - len(chain.shape)  # leading sample axes (vmapped callers have none)
+    axis += leading
+    if chain.kind == "markov":
+        return {site: jnp.take(value, t, axis=axis) for t, site in enumerate(chain.sites)}
+    out = {}
+    if len(chain.sites) > 1:
+        out[chain.sites[0]] = jnp.take(value, 0, axis=axis)
+        value = jax.lax.slice_in_dim(value, 1, jnp.shape(value)[axis], axis=axis)
+    out[chain.sites[-1]] = jnp.moveaxis(value, axis, leading + chain.time_axis)
+    return out
+
+
+def join_chain(values: Mapping[str, Any], chain: Any) -> Any:
+    """The chain variable's value (batch, time, state) from its sites' values."""
+    axis = len(chain.batch_shape)
+    if chain.kind == "markov":
+        return jnp.stack([jnp.asarray(values[site]) for site in chain.sites], axis=axis)
+    rest = jnp.moveaxis(jnp.asarray(values[chain.sites[-1]]), chain.time_axis, axis)
+    if len(chain.sites) == 1:
+        return rest
+    first = jnp.expand_dims(jnp.asarray(values[chain.sites[0]]), axis)
+    return jnp.concatenate([first, rest], axis=axis)
 
 
 def replay(

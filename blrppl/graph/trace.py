@@ -15,8 +15,9 @@ then:
 3. checks every observed value (:mod:`blrppl.graph.validate`): its shape is
    the distribution's, it is finite and inside the support outside masked
    positions;
-4. recognises latent chains (:mod:`blrppl.graph.chains`) and gives every
-   variable its q family (:mod:`blrppl.graph.families`).
+4. recognises latent chains (:mod:`blrppl.graph.chains`: ``scan`` bodies,
+   random walks, Python loops; batches of sequences) and gives every variable
+   its q family (:mod:`blrppl.graph.families`).
 
 What the trace sees is what numpyro's handlers see: sites hidden by
 ``handlers.block`` are not in the graph (they are re-drawn with seed 0 on
@@ -129,7 +130,7 @@ def build_graph(
     )
     latent_set = set(latents)
     # Chains are recognised from the priors, so an override keeps the chain structure.
-    scan_chains = _chains.scan_chains(
+    joined = _chains.scan_chains(
         tr,
         latents,
         {n: defaults[n] or choices[n] for n in latents},
@@ -137,7 +138,17 @@ def build_graph(
         dist_scans,
         {tag: names & latent_set for tag, names in scan_init.items()},
     )
-    variables, var_of = _variables(tr, latents, choices, scan_chains, families)
+    in_scan_chains = frozenset(site for info, _ in joined.values() for site in info.sites)
+    joined.update(
+        _chains.markov_chains(
+            tr,
+            latents,
+            {n: defaults[n] or choices[n] for n in latents},
+            {n: dist_deps[n] & latent_set for n in latents},
+            in_scan_chains,
+        )
+    )
+    variables, var_of = _variables(tr, latents, choices, joined, families)
     factors = _factors(tr, latents, observed, params, var_of, value_deps, dist_deps)
     deterministics = {
         n: DeterministicNode(
@@ -321,19 +332,19 @@ def _variables(
     tr: Mapping[str, Any],
     latents: list[str],
     choices: Mapping[str, FamilyChoice],
-    scan_chains: Mapping[str, tuple[ChainInfo, str]],
+    joined: Mapping[str, tuple[ChainInfo, str]],
     families: Mapping[str, str],
 ) -> tuple[dict[str, VariableNode], dict[str, str]]:
     """VariableNodes in trace order, and site name -> variable name."""
     var_of = {n: n for n in latents}
-    for name, (info, _) in scan_chains.items():
+    for name, (info, _) in joined.items():
         for site in info.sites:
             var_of[site] = name
     for site, var in var_of.items():
         if site != var and site in families:
             raise site_error(
                 site,
-                f"this site is the initial state of the latent chain {var!r} "
+                f"this site is a step of the latent chain {var!r} "
                 "and has no q of its own",
                 f"give the family for the whole chain: families={{{var!r}: ...}}",
             )
@@ -348,10 +359,10 @@ def _variables(
         chain = _chains.distribution_chain(site)
         shape = tuple(np.shape(site["value"]))
         batch_shape, event_shape = tuple(fn.batch_shape), tuple(fn.event_shape)
-        if var in scan_chains:
-            chain, chain_family = scan_chains[var]
-            shape = (chain.length,) + chain.state_shape
-            batch_shape, event_shape = (), shape
+        if var in joined:
+            chain, chain_family = joined[var]
+            shape = chain.shape
+            batch_shape, event_shape = chain.batch_shape, shape[len(chain.batch_shape) :]
             if var not in families:
                 choice = FamilyChoice(chain_family, None)
         if choice.family in CHAIN_FAMILIES and chain is None:

@@ -25,6 +25,7 @@ from blrppl.symbolic.terms import (
     Term,
     VarAtom,
     constant,
+    fill_missing,
     relabel,
     rename_internal,
     simplify_index,
@@ -252,6 +253,9 @@ def power(poly: Poly, exponent: float, space: Labels) -> Poly:
             for _ in range(int(exponent) - 1):
                 out = mul(out, poly, space)
             return out
+        pieces = piecewise(poly, lambda piece: power(piece, float(exponent), space), space, exponent > 0)
+        if pieces is not None:
+            return pieces
         raise NonConjugate(
             _first_var(poly),
             f"a power {exponent} of a sum involving {_describe(poly)} is not a "
@@ -273,6 +277,78 @@ def power(poly: Poly, exponent: float, space: Labels) -> Poly:
             )
     new = Term(float(term.coeff) ** float(exponent), operands, tuple(atoms))
     return Poly(poly.shape, poly.labels, _clean([new]), poly.selectors)
+
+
+def _dense_over(op: Operand, labels: Sequence) -> np.ndarray:
+    """An operand broadcast over ``labels`` (which hold all of its labels), full shape."""
+    array = np.asarray(op.array, float)
+    own = list(op.labels)
+    array = np.transpose(array, [own.index(lab) for lab in labels if lab in own]) if array.ndim else array
+    dims = iter(array.shape)
+    return array.reshape([next(dims) if lab in own else 1 for lab in labels])
+
+
+def piecewise(poly: Poly, fn, space: Labels, zero_ok: bool) -> Poly | None:
+    """``fn`` applied elementwise to a Poly whose terms live on disjoint constant supports.
+
+    User code lays parameters out in arrays (``concatenate([sd0, full(T - 1,
+    sqrt(v))])``, ``pad``, ``where`` with a constant condition): each position
+    of the result is then one piece (a constant, or one monomial), and the
+    terms carry 0/1 masks over the output positions. Positions are grouped
+    into cells by which terms are non-zero there (read off the terms'
+    operands over output labels); on each cell the active terms, with their
+    operands restricted to the cell, form one piece, and
+
+        fn(poly) = sum_cells mask_cell * fn(piece_cell).
+
+    Args:
+      poly: the argument.
+      fn: the elementwise function on one piece (it may raise NonConjugate).
+      space: the label space.
+      zero_ok: whether ``fn(0) = 0`` (a cell with no active term is then
+        dropped); otherwise such a cell is an error.
+
+    Returns:
+      The result, or None when the terms do not split into several cells.
+    """
+    if not poly.shape or len(poly.terms) < 2:
+        return None
+    labels = list(poly.labels)
+    own = set(labels)
+    supports = []
+    for term in poly.terms:
+        support = np.ones(poly.shape, bool)
+        for op in term.operands:
+            if set(op.labels) <= own:
+                support = support & (np.broadcast_to(_dense_over(op, labels), poly.shape) != 0)
+        supports.append(support.reshape(-1))
+    signature = np.stack(supports, -1)
+    cells, inverse = np.unique(signature, axis=0, return_inverse=True)
+    if len(cells) < 2:
+        return None
+    out = None
+    for c, active in enumerate(cells):
+        cell = (np.reshape(inverse, -1) == c).reshape(poly.shape)
+        terms = []
+        for term, on in zip(poly.terms, active):
+            if not on:
+                continue
+            operands = []
+            for op in term.operands:
+                if set(op.labels) <= own:
+                    dense = np.where(cell, np.broadcast_to(_dense_over(op, labels), poly.shape), 1.0)
+                    op = Operand(dense, poly.labels)
+                operands.append(op)
+            terms.append(Term(term.coeff, tuple(operands), term.atoms))
+        if not terms:
+            if zero_ok:
+                continue
+            raise NonConjugate(_first_var(poly), "a function of zero (a structural zero) at some positions")
+        piece = fn(Poly(poly.shape, poly.labels, _clean(terms), poly.selectors))
+        mask = Poly(poly.shape, poly.labels, (Term(1.0, (Operand(cell.astype(float), poly.labels),)),))
+        value = mul(mask, piece, space)
+        out = value if out is None else add(out, value, space)
+    return out if out is not None else constant(np.zeros(poly.shape), space)
 
 
 def _log_one_minus(poly: Poly) -> Poly | None:
@@ -356,6 +432,8 @@ def log(poly: Poly, space: Labels | None) -> Poly:
     term = _monomial(poly)
     if term is None:
         out = _log_one_minus(poly)
+        if out is None and space is not None:
+            out = piecewise(poly, lambda piece: log(piece, space), space, False)
         if out is None:
             out = _log_piecewise(poly, space)
         if out is not None:
@@ -458,7 +536,9 @@ def reindex(poly: Poly, positions: np.ndarray, space: Labels) -> Poly:
     positions = np.asarray(positions)
     labels = tuple(space.new(n) for n in positions.shape)
     masked = positions < 0
-    safe = np.where(masked, 0, positions)
+    # Masked positions read a neighbour (their terms are zeroed below; a
+    # selector, common to all terms, then stays in its sequence).
+    safe = fill_missing(positions) if masked.any() and not masked.all() else np.where(masked, 0, positions)
     if poly.shape:
         coords = unravel(safe, poly.shape)
     else:

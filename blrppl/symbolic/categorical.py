@@ -27,6 +27,7 @@ from blrppl.symbolic.terms import (
     Poly,
     Term,
     VarAtom,
+    fill_missing,
     ravel,
     simplify_index,
     unravel,
@@ -73,7 +74,8 @@ def _dynamic_slice(interp: Any, eqn: Any, operand: Any, *starts: Any) -> Any:
     if len(cats) != 1 or not is_categorical(cats[0]) or cats[0].shape != ():
         raise NonConjugate(first_var(cats[0]), "a slice at a random position other than one scalar categorical")
     (z,) = cats
-    var = z.terms[0].atoms[0].var
+    z_atom = z.terms[0].atoms[0]
+    var = z_atom.var
     _, num = interp.categorical[var]
     operand_shape = tuple(eqn.invars[0].aval.shape)
     iota = jnp.arange(int(np.prod(operand_shape)), dtype=jnp.int32).reshape(operand_shape)
@@ -83,7 +85,9 @@ def _dynamic_slice(interp: Any, eqn: Any, operand: Any, *starts: Any) -> Any:
         positions.append(np.asarray(eqn.primitive.bind(iota, *args, **eqn.params)))
     extended = algebra.reindex(as_poly(operand, interp.space), np.stack(positions, -1), interp.space)
     category = extended.labels[-1]
-    selector = VarAtom(var, "one_hot", (Index((category,)),), sizes=(num,))
+    # The selector reads z where the index came from (z itself, or one
+    # position of it: a chain's initial state z[0]).
+    selector = VarAtom(var, "one_hot", z_atom.index + (Index((category,)),), sizes=z_atom.sizes + (num,))
     shape = tuple(eqn.outvars[0].aval.shape)
     return Poly(shape, extended.labels[:-1], extended.terms, extended.selectors + (selector,))
 
@@ -172,18 +176,10 @@ def _fill_constant_ids(ids: np.ndarray) -> np.ndarray:
 
     Where an index is a constant, ``operand[c]`` is the same for every category
     k, and the selector ``one_hot(z_p)_k`` sums to one over k whatever p is. A
-    nearby p (the next categorical position in C order, else the previous)
-    keeps the term's reads of z close in time, which a chain's q needs.
+    nearby p keeps the term's reads of z close in time and in one sequence,
+    which a chain's q needs (:func:`~blrppl.symbolic.terms.fill_missing`).
     """
-    flat = np.asarray(ids).reshape(-1).copy()
-    known = np.flatnonzero(flat >= 0)
-    if known.size == 0 or known.size == flat.size:
-        return np.asarray(ids)
-    missing = np.flatnonzero(flat < 0)
-    after = np.searchsorted(known, missing)
-    nearest = known[np.minimum(after, known.size - 1)]
-    flat[missing] = flat[nearest]
-    return flat.reshape(np.shape(ids))
+    return fill_missing(ids)
 
 
 def merge_categorical(poly: Any, space: Labels) -> Any:

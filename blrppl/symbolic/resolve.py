@@ -49,9 +49,13 @@ def reads_for_variable(
 
 
 def _apply(term_parts, extra):
-    """Apply a unification (dict) or a mask (Operand) to (operands, reads, atoms)."""
+    """Apply a unification (dict), a mask (Operand), or a tuple of them in order, to (operands, reads, atoms)."""
     operands, reads, atoms = term_parts
     if extra is None:
+        return operands, reads, atoms
+    if isinstance(extra, tuple):
+        for part in extra:
+            operands, reads, atoms = _apply((operands, reads, atoms), part)
         return operands, reads, atoms
     if isinstance(extra, Operand):
         return operands + (extra,), reads, atoms

@@ -312,6 +312,42 @@ def unravel(flat: np.ndarray, shape: Sequence[int]) -> tuple[np.ndarray, ...]:
     return tuple(reversed(coords))
 
 
+def fill_missing(ids: np.ndarray) -> np.ndarray:
+    """Non-negative integers with each negative entry replaced by a nearby entry's value.
+
+    The nearest non-negative entry along one axis (ties: the earlier axis,
+    then the earlier position), else the next one in C order (else the
+    previous). Masked positions of an index (a structural zero, a constant
+    component) thus read a neighbour of the same sequence and time, so that
+    reads of a chain stay within one sequence and close in time. Linear time.
+    """
+    ids = np.asarray(ids)
+    flat = ids.reshape(-1).copy()
+    known = np.flatnonzero(flat >= 0)
+    if known.size == 0 or known.size == flat.size:
+        return ids
+    missing = flat < 0
+    after = np.searchsorted(known, np.flatnonzero(missing))
+    fill = np.full(ids.shape, -1, np.int64)
+    fill.reshape(-1)[missing] = flat[known[np.minimum(after, known.size - 1)]]
+    best = np.full(ids.shape, np.inf)
+    for axis, size in enumerate(ids.shape):
+        line = np.moveaxis(ids, axis, -1)
+        pos = np.broadcast_to(np.arange(size), line.shape)
+        have = line >= 0
+        before = np.maximum.accumulate(np.where(have, pos, -1), axis=-1)
+        later = np.flip(np.minimum.accumulate(np.flip(np.where(have, pos, size), -1), axis=-1), -1)
+        for source, ok in ((before, before >= 0), (later, later < size)):
+            distance = np.where(ok, np.abs(pos - source), np.inf)
+            value = np.take_along_axis(line, np.clip(source, 0, size - 1), axis=-1)
+            distance = np.moveaxis(distance, -1, axis)
+            value = np.moveaxis(value, -1, axis)
+            take = distance < best
+            fill = np.where(take, value, fill)
+            best = np.where(take, distance, best)
+    return np.where(ids >= 0, ids, fill)
+
+
 def ravel(coords: Sequence[np.ndarray], shape: Sequence[int]) -> np.ndarray:
     """``np.ravel_multi_index`` by integer arithmetic (see :func:`unravel`)."""
     flat = np.zeros(np.broadcast_shapes(*[np.shape(c) for c in coords]), np.int64)

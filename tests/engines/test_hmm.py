@@ -108,6 +108,34 @@ def test_a_constant_initial_carry_starts_the_chain(rng_key):
     np.testing.assert_allclose(result.elbo[-1], evidence, rtol=1e-12)
 
 
+def known_hmm_first_observed(y=None):
+    """The zoo's layout with the initial state's own observation before the scan."""
+    z0 = numpyro.sample("z0", dist.Categorical(jnp.asarray(INIT)))
+    numpyro.sample("y0", dist.Normal(jnp.asarray(MU)[z0], SIGMA), obs=y[0])
+
+    def transition(z_prev, y_t):
+        z = numpyro.sample("z", dist.Categorical(jnp.asarray(TRANS)[z_prev]))
+        numpyro.sample("y", dist.Normal(jnp.asarray(MU)[z], SIGMA), obs=y_t)
+        return z, None
+
+    scan(transition, z0, y[1:])
+
+
+def test_the_initial_state_may_emit_before_the_scan(rng_key):
+    y = 2.0 * np.random.default_rng(2).normal(size=6)
+    result = blrppl.ConjugateBayes(known_hmm_first_observed).run(
+        rng_key, 1, y=jnp.asarray(y), num_restarts=1, progress_bar=False
+    )
+    paths = np.array(list(itertools.product(range(K), repeat=len(y))))
+    log_p = np.log(INIT)[paths[:, 0]] + np.log(TRANS)[paths[:, :-1], paths[:, 1:]].sum(1)
+    log_p = log_p + norm.logpdf(y[None, :], MU[paths], SIGMA).sum(1)
+    evidence = logsumexp(log_p)
+    weights = np.exp(log_p - evidence)
+    marginals = np.stack([np.bincount(paths[:, t], weights, minlength=K) for t in range(len(y))])
+    np.testing.assert_allclose(result.posterior["z"].marginals, marginals, rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(result.elbo[-1], evidence, rtol=1e-12)
+
+
 # --------------------------------------------------------------------- EM
 
 
@@ -240,20 +268,29 @@ def test_vmp_draws_joint_chains(zoo_fit, rng_key):
     assert jnp.issubdtype(draws["z"].dtype, jnp.integer)
 
 
-# ----------------------------------------------------------------- errors
+# ------------------------------------------------- other ways of writing it
 
 
 def markov_loop_hmm(y):
+    """known_hmm written one site per step (a plain Python loop)."""
     z = numpyro.sample("z_0", dist.Categorical(jnp.asarray(INIT)))
     for t in range(len(y)):
         z = numpyro.sample(f"z_{t + 1}", dist.Categorical(jnp.asarray(TRANS)[z]))
         numpyro.sample(f"y_{t}", dist.Normal(jnp.asarray(MU)[z], SIGMA), obs=y[t])
 
 
-@pytest.mark.parametrize("engine", [blrppl.VMP, blrppl.ConjugateBayes])
-def test_a_chain_written_as_a_python_loop_is_a_model_error(engine, rng_key):
-    with pytest.raises(blrppl.ModelError, match="site 'z_0'.*one site per step.*scan"):
-        engine(markov_loop_hmm).run(rng_key, 1, np.zeros(4), progress_bar=False)
+def test_a_chain_written_as_a_python_loop_is_one_chain(rng_key):
+    y = 2.0 * np.random.default_rng(0).normal(size=6)
+    loop = blrppl.ConjugateBayes(markov_loop_hmm).run(rng_key, 1, jnp.asarray(y), num_restarts=1, progress_bar=False)
+    chain = loop.graph.variables["z_0"].chain
+    assert chain.kind == "markov" and chain.sites == tuple(f"z_{t}" for t in range(7))
+    # The scan form (known_hmm) on these data is checked against the same enumeration above.
+    evidence, marginals, pairs = enumerate_paths(y, np.log(INIT))
+    np.testing.assert_allclose(loop.posterior["z_0"].marginals, marginals, rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(loop.posterior["z_0"].pair_marginals, pairs, rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(loop.elbo[-1], evidence, rtol=1e-12)
+    draws = loop.sample(rng_key, 3)
+    assert draws["z_0"].shape == (3, 7) and draws["z_3"].shape == (3,)
 
 
 def several_sequences(y=None):
@@ -269,9 +306,22 @@ def several_sequences(y=None):
     scan(transition, z0, y)
 
 
-def test_side_by_side_chains_are_a_model_error(rng_key):
-    with pytest.raises(blrppl.ModelError, match="site 'z'.*states of shape \\(3,\\)"):
-        blrppl.VMP(several_sequences).run(rng_key, 1, y=jnp.zeros((5, 3)), progress_bar=False)
+def test_side_by_side_chains_are_independent_sequences(rng_key):
+    y = 2.0 * np.random.default_rng(2).normal(size=(5, 3))  # (time, sequence)
+    result = blrppl.ConjugateBayes(several_sequences).run(rng_key, 1, y=jnp.asarray(y), num_restarts=1, progress_bar=False)
+    q = result.plan.qs["z"]
+    assert q.shape == (3, 6) and q.num_batch == 1
+    total = 0.0
+    for n in range(3):
+        evidence, marginals, pairs = enumerate_paths(y[:, n], np.log(INIT))
+        np.testing.assert_allclose(result.posterior["z"].marginals[n], marginals, rtol=1e-10, atol=1e-14)
+        np.testing.assert_allclose(result.posterior["z"].pair_marginals[n], pairs, rtol=1e-10, atol=1e-14)
+        total += evidence
+    np.testing.assert_allclose(result.elbo[-1], total, rtol=1e-12)
+    draws = result.sample(rng_key, 2)
+    # The chain variable (sequences, then time) and its initial-state site.
+    assert draws["z"].shape == (2, 3, 6) and draws["z0"].shape == (2, 3)
+    np.testing.assert_array_equal(draws["z0"], draws["z"][:, :, 0])
 
 
 def left_to_right(y=None):

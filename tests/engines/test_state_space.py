@@ -316,14 +316,6 @@ def test_forecast_past_the_data_through_predictive_with_the_guide(nile_em):
 def test_unsupported_chains_raise_model_errors(rng_key):
     import numpyro.distributions as dist
 
-    def many_walks(y=None):
-        with numpyro.plate("series", 3):
-            level = numpyro.sample("level", dist.GaussianRandomWalk(0.5, num_steps=20))
-        numpyro.sample("y", dist.Normal(level, 1.0).to_event(1), obs=y)
-
-    with pytest.raises(blrppl.ModelError, match="site 'level'.*chains side by side"):
-        blrppl.ConjugateBayes(many_walks).plan(y=jnp.zeros((3, 20)))
-
     def not_a_chain(y=None):
         mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
         numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)

@@ -201,22 +201,28 @@ def test_enumeration_ready_model_with_vindex():
     assert fg.factors["y"].neighbours == ("w",)
 
 
-def test_markov_loop_keeps_one_node_per_step():
+def test_markov_loop_is_joined_into_one_chain():
     pytest.importorskip("funsor")
     from numpyro.contrib.funsor import markov
 
     def model(y):
         trans = numpyro.sample("trans", dist.Dirichlet(jnp.ones((2, 2))).to_event(1))
         x = 0
-        for t in markov(range(3)):
+        for t in markov(range(len(y))):
             x = numpyro.sample(
                 f"x_{t}", dist.Categorical(Vindex(trans)[x]), infer={"enumerate": "parallel"}
             )
             numpyro.sample(f"y_{t}", dist.Normal(x.astype(float), 1.0), obs=y[t])
 
     fg = blrppl.trace(model, jnp.zeros(3))
-    assert list(fg.variables) == ["trans", "x_0", "x_1", "x_2"]
-    assert fg.factors["x_2"].neighbours == ("x_2", "trans", "x_1")
+    assert list(fg.variables) == ["trans", "x_0"]
+    chain = fg.variables["x_0"].chain
+    assert chain.kind == "markov" and chain.sites == ("x_0", "x_1", "x_2") and chain.length == 3
+    assert fg.variables["x_0"].family == "ChainCategorical" and fg.variables["x_0"].shape == (3,)
+    assert fg.factors["x_2"].neighbours == ("x_0", "trans")
+    # Two linked sites are not a chain: they keep one node each.
+    fg = blrppl.trace(model, jnp.zeros(2))
+    assert list(fg.variables) == ["trans", "x_0", "x_1"]
 
 
 def test_family_overrides():

@@ -4,6 +4,7 @@ import inspect
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import networkx as nx
 import pytest
 from numpyro import handlers
@@ -103,6 +104,57 @@ EXPECTED = {
         },
         plates={"class": (4, 4), "item": (45, 45), "position": (7, 7)},
     ),
+    "hmm_sequences": Expected(
+        variables={
+            "trans": ("Dirichlet", (2, 2), ("K",)),
+            "mu": ("Normal", (2,), ("K",)),
+            "tau": ("Gamma", (2,), ("K",)),
+            "z": ("ChainCategorical", (12, 31), ("sequences",)),
+        },
+        factors={
+            "trans": ("prior", ("trans",), ("K",)),
+            "mu": ("prior", ("mu",), ("K",)),
+            "tau": ("prior", ("tau",), ("K",)),
+            "z0": ("prior", ("z",), ("sequences",)),
+            "z": ("prior", ("z", "trans"), ("sequences",)),
+            "y": ("likelihood", ("mu", "tau", "z"), ("sequences",)),
+        },
+        plates={"K": (2, 2), "sequences": (12, 12)},
+        chains={"z": (("z0", "z"), 31, "scan")},
+    ),
+    "hmm_enum": Expected(
+        variables={
+            "probs_x": ("Dirichlet", (3, 3), ()),
+            "probs_y": ("Beta", (3, 4), ()),
+            "x": ("ChainCategorical", (8, 1, 24), ("sequences",)),
+        },
+        factors={
+            "probs_x": ("prior", ("probs_x",), ()),
+            "probs_y": ("prior", ("probs_y",), ()),
+            "x": ("prior", ("x", "probs_x"), ("sequences",)),
+            "y": ("likelihood", ("probs_y", "x"), ("sequences", "tones")),
+        },
+        plates={"sequences": (8, 8), "tones": (4, 4)},
+        chains={"x": (("x",), 24, "scan")},
+    ),
+    "hmm_markov": Expected(
+        variables={
+            "trans": ("Dirichlet", (2, 2), ("K",)),
+            "mu": ("Normal", (2,), ("K",)),
+            "tau": ("Gamma", (2,), ("K",)),
+            "z_0": ("ChainCategorical", (5, 11), ("sequences",)),
+        },
+        factors={
+            "trans": ("prior", ("trans",), ("K",)),
+            "mu": ("prior", ("mu",), ("K",)),
+            "tau": ("prior", ("tau",), ("K",)),
+            "z_0": ("prior", ("z_0",), ("sequences",)),
+            **{f"z_{t + 1}": ("prior", ("z_0", "trans"), ("sequences",)) for t in range(10)},
+            **{f"y_{t}": ("likelihood", ("mu", "tau", "z_0"), ("sequences",)) for t in range(10)},
+        },
+        plates={"K": (2, 2), "sequences": (5, 5)},
+        chains={"z_0": (tuple(f"z_{t}" for t in range(11)), 11, "markov")},
+    ),
     "eight_schools_centered": Expected(
         variables={
             "mu": ("Normal", (), ()),
@@ -133,6 +185,35 @@ EXPECTED = {
         deterministics={"theta": ("mu", "tau", "theta_raw")},
         plates={"J": (8, 8)},
         transformed=frozenset({"tau"}),
+    ),
+    "local_level_sequences": Expected(
+        variables={
+            "prec_level": ("Gamma", (), ()),
+            "prec_obs": ("Gamma", (), ()),
+            "level": ("ChainGaussian", (6, 40), ("series",)),
+        },
+        factors={
+            "prec_level": ("prior", ("prec_level",), ()),
+            "prec_obs": ("prior", ("prec_obs",), ()),
+            "level": ("prior", ("level", "prec_level"), ("series",)),
+            "y": ("likelihood", ("prec_obs", "level"), ("series",)),
+        },
+        plates={"series": (6, 6)},
+        chains={"level": (("level",), 40, "GaussianRandomWalk")},
+    ),
+    "local_level_in_scan": Expected(
+        variables={
+            "prec_obs": ("Gamma", (), ()),
+            "prec_level": ("Gamma", (), ()),
+            "level": ("ChainGaussian", (100,), ()),
+        },
+        factors={
+            "prec_obs": ("prior", ("prec_obs",), ()),
+            "prec_level": ("prior", ("prec_level",), ()),
+            "level": ("prior", ("level", "prec_level"), ()),
+            "y": ("likelihood", ("prec_obs", "level"), ()),
+        },
+        chains={"level": (("level",), 100, "scan")},
     ),
     "radon": Expected(
         variables={
@@ -324,6 +405,7 @@ def test_zoo_graph(name, graphs):
 FULLY_CONJUGATE = {
     "beta_bernoulli", "gamma_poisson", "normal_mean_precision", "linear_regression", "gaussian_mixture",
     "nile", "local_linear_trend", "ar1", "linear_gaussian_ssm", "multivariate_regression", "baseball", "log_mix",
+    "hmm_sequences", "hmm_enum", "hmm_markov", "local_level_sequences", "local_level_in_scan",
 }
 HAS_NON_CONJUGATE = {
     "eight_schools_centered", "eight_schools_noncentered", "radon", "logistic_regression", "poisson_regression",
@@ -361,8 +443,11 @@ def test_zoo_model_predicts_without_data(name):
     entry = ZOO[name]
     args, kwargs = entry.data()
     y = kwargs.pop("y")
-    for key in {"num_obs", "num_steps"} & set(inspect.signature(entry.model).parameters):
+    parameters = set(inspect.signature(entry.model).parameters)
+    for key in {"num_obs", "num_steps"} & parameters:
         kwargs[key] = y.shape[0]
+    for key in {"num_sequences"} & parameters:  # time-major sequences (T, N)
+        kwargs[key] = y.shape[1]
     observed = []
 
     def simulate():
@@ -370,7 +455,9 @@ def test_zoo_model_predicts_without_data(name):
         with handlers.seed(rng_seed=0), handlers.trace() as tr:
             entry.model(*args, **kwargs)
         observed.extend(n for n, s in tr.items() if s["type"] == "sample" and s["is_observed"])
-        return tr["y"]["value"]
+        if "y" in tr:
+            return tr["y"]["value"]
+        return jnp.stack([tr[f"y_{t}"]["value"] for t in range(y.shape[0])])  # a Python loop's steps
 
     assert jax.eval_shape(simulate).shape == y.shape
     assert observed == []

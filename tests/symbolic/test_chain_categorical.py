@@ -19,7 +19,7 @@ from blrppl.symbolic.terms import NonConjugate
 from ._helpers import dirichlet
 
 T, K = 6, 3
-CHAIN = VarInfo("chain_categorical", (T,), 1, K)
+CHAIN = VarInfo("chain_categorical", (T,), 0, K)  # one sequence: no batch axes
 TRANS = VarInfo("dirichlet", (K, K), 1)
 
 

@@ -115,19 +115,25 @@ def _to_value_layout(q, mean: ChainGaussianStats) -> dict:
 
 
 def _from_value_layout(q, grads: dict) -> ChainGaussianStats:
-    xx = grads["xx"] if jnp.ndim(grads["xx"]) == 1 else symmetrize(grads["xx"])
+    # The value layout is the family's: sequences (batch), time, state.
+    scalar = q.family.event_ndim == 1
+    xx = grads["xx"] if scalar else symmetrize(grads["xx"])
     return q.family.stats_type(x=grads["x"], xx=xx, x_next=grads["x_next"])
 
 
 def _example(q) -> ChainGaussianStats:
-    length, state = q.shape[0], q.shape[1:]
+    batch, length, state = q.batch_shape, q.shape[q.num_batch], q.shape[q.num_batch + 1 :]
     if not state:
-        return q.family.stats_type(x=jnp.zeros((length,)), xx=jnp.full((length,), -0.5), x_next=jnp.zeros((length - 1,)))
+        return q.family.stats_type(
+            x=jnp.zeros(batch + (length,)),
+            xx=jnp.full(batch + (length,), -0.5),
+            x_next=jnp.zeros(batch + (length - 1,)),
+        )
     d = state[0]
     return q.family.stats_type(
-        x=jnp.zeros((length, d)),
-        xx=-0.5 * jnp.broadcast_to(jnp.eye(d), (length, d, d)),
-        x_next=jnp.zeros((length - 1, d, d)),
+        x=jnp.zeros(batch + (length, d)),
+        xx=-0.5 * jnp.broadcast_to(jnp.eye(d), batch + (length, d, d)),
+        x_next=jnp.zeros(batch + (length - 1, d, d)),
     )
 
 
