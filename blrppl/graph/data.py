@@ -120,6 +120,8 @@ def _digest(obj: Any, digest: Any, seen: set) -> None:
     elif isinstance(obj, weakref.ref):
         digest.update(b"<weakref>")  # a cache (numpyro's transforms keep their inverse so)
     elif hasattr(obj, "__dict__"):
-        _digest(vars(obj), digest, seen)
+        # Caches (numpyro's transforms keep a weakref to their inverse once
+        # used) are not content: leave them out so use does not change a digest.
+        _digest({k: v for k, v in vars(obj).items() if not isinstance(v, weakref.ref)}, digest, seen)
     else:
         digest.update(repr(obj).encode())
