@@ -130,7 +130,7 @@ def nile_mle():
 
 @pytest.fixture(scope="module")
 def nile_em():
-    return blrppl.EM(nile.model).run(jax.random.key(0), 1000, y=jnp.asarray(Y), tol=1e-9, progress_bar=False)
+    return blrppl.EM(nile.model).run(jax.random.key(0), 1000, y=jnp.asarray(Y), tol=1e-12, progress_bar=False)
 
 
 # -- exact smoothing ---------------------------------------------------------------------
