@@ -1,23 +1,55 @@
-"""``to_arviz``: a fitted q as ``arviz.InferenceData`` (through ``az.from_dict``).
+"""``to_arviz``: a fitted q as ``arviz.InferenceData``.
 
-Groups: ``posterior`` (draws from q, one chain per restart, plate names as
-dims, deterministic sites included), ``observed_data``, ``log_likelihood``
-(pointwise, per observed site, so ``az.loo`` and ``az.waic`` work),
-``sample_stats`` (the final ELBO of each chain; the best fit's trace is in
-``attrs["elbo_trace"]``) and, when asked, ``posterior_predictive``.
-``idata.to_netcdf(path)`` saves it (ArviZ's h5netcdf engine).
+Groups:
+
+- ``posterior``: independent draws from q shaped like the model's sites (a
+  chain cut into its initial state and stacked states), deterministic sites
+  included, one ArviZ chain per restart kept (see below);
+- ``log_likelihood``: the pointwise log density of every observed site at
+  each draw (``az.loo``, ``az.waic``, ``az.compare``), computed in chunks of
+  draws so that its intermediates stay small; ``log_likelihood_thinning=k``
+  keeps every k-th draw (the output is draws x observations), and
+  ``log_likelihood=False`` leaves the group out (large data sets);
+- ``observed_data``: the observations;
+- ``constant_data``: the fitted ``numpyro.param`` values (EM's point
+  estimates), when the model has any;
+- ``sample_stats``: ``elbo`` with dims ``(chain, step)``, the ELBO after each
+  step of each chain's fit (NaN after a restart stopped early);
+- ``posterior_predictive`` (``posterior_predictive=True``): one replicate of
+  every observed site per draw.
+
+Dimension names come from :mod:`blrppl.arviz_dims` (plate names, ``time``
+for chains); ``coords=`` and ``dims=`` override them as in
+``az.from_numpyro``.
+
+Restarts as chains: draws from q are independent, so ArviZ chains carry
+information only when they come from different fits. ``restarts="same"``
+(the default) makes one chain per restart that reached the best restart's
+optimum (KL(q_c || q_best) <= 1 nat): r-hat then checks that they agree,
+and a mixture's relabelled optima (label switching, equally good) are left
+out instead of averaged into a meaningless summary. ``"all"`` keeps every
+finite restart (r-hat > 1.01 then flags restarts in different optima);
+``"best"`` keeps the best restart only.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from blrppl.arviz_dims import DimNamer
+from blrppl.draws import draw
 from blrppl.graph.replay import replay
+
+#: Elements (draws x observations) a chunk of the log-likelihood computation holds.
+CHUNK_ELEMENTS = 1 << 22
+#: Restarts within this KL (nats) of the best restart's q count as the same optimum.
+SAME_OPTIMUM_KL = 1.0
+RESTARTS = ("same", "all", "best")
 
 
 def import_arviz():
@@ -28,39 +60,29 @@ def import_arviz():
     return arviz
 
 
-def _dims(name: str, shape: tuple, plates: tuple, graph: Any) -> tuple[list, dict]:
-    """Dimension names of a site's value: plate names where a plate sits, else name_dim_i."""
-    dims = [f"{name}_dim_{i}" for i in range(len(shape))]
-    coords = {}
-    for plate_name in plates:
-        plate = graph.plates.get(plate_name)
-        if plate is None:
-            continue
-        axis = len(shape) + plate.dim - _event_ndim(name, shape, graph)
-        if 0 <= axis < len(shape) and shape[axis] == plate.subsample_size:
-            dims[axis] = plate_name
-            coords[plate_name] = np.arange(shape[axis])
-    return dims, coords
+def observed_factors(graph: Any) -> list[str]:
+    """The observed sites with data (the likelihood factors)."""
+    return [f for f, node in graph.factors.items() if node.kind == "likelihood" and node.value is not None]
 
 
-def _event_ndim(name: str, shape: tuple, graph: Any) -> int:
-    node = graph.variables.get(name)
-    if node is not None:
-        return len(node.event_shape)
-    factor = graph.factors.get(name)
-    if factor is not None and factor.distribution is not None:
-        return len(factor.distribution.event_shape)
-    return 0
+def pointwise_log_likelihood(result: Any, latents: Mapping[str, Any], chunk_elements: int = CHUNK_ELEMENTS) -> dict:
+    """Pointwise log likelihood of every observed site, one row per draw.
 
-
-def log_likelihood(result: Any, samples: dict) -> dict:
-    """Pointwise log likelihood of every observed site, one row per draw."""
+    Args:
+      result: the fit.
+      latents: draws in the layout :func:`~blrppl.draws.Draws.latents`
+        (variables, chains joined), each with a leading axis of draws.
+      chunk_elements: the draws of one chunk times the observations stay
+        below this, so that the model's intermediates stay small.
+    """
     graph = result.graph
-    observed = [f for f, node in graph.factors.items() if node.kind == "likelihood"]
-    latents = {v: samples[v] for v in graph.variables}
+    observed = observed_factors(graph)
+    size = sum(int(np.prod(np.shape(graph.factors[f].value))) for f in observed)
+    num_draws = int(np.shape(jax.tree.leaves(latents)[0])[0]) if latents else 1
+    batch = int(max(1, min(num_draws, chunk_elements // max(size, 1))))
 
-    def pointwise(values):
-        sites = replay(graph, values, result.state.params)
+    def pointwise(values, params):
+        sites = replay(graph, values, params)
         out = {}
         for name in observed:
             site = sites[name]
@@ -70,7 +92,44 @@ def log_likelihood(result: Any, samples: dict) -> dict:
             out[name] = log_prob
         return out
 
-    return jax.vmap(pointwise)(latents)
+    def run(latents, params):
+        return jax.lax.map(lambda values: pointwise(values, params), latents, batch_size=batch)
+
+    if not latents:  # no latent variables: one "draw" of the fixed model
+        return jax.tree.map(lambda x: x[None], jax.jit(lambda p: pointwise({}, p))(dict(result.state.params)))
+    return jax.jit(run)(dict(latents), dict(result.state.params))
+
+
+def same_optimum(result: Any) -> list[int]:
+    """Restarts whose q is within :data:`SAME_OPTIMUM_KL` of the best restart's q."""
+    from blrppl.families.base import kl_divergence
+
+    r = result.restarts
+    best = result.restart(r.best).natural_params
+    kept = []
+    for c in range(result.num_restarts):
+        if not bool(r.finite[c]):
+            continue
+        natural = result.restart(c).natural_params
+        kl = 0.0
+        for v, q in result.plan.qs.items():
+            kl += float(jnp.sum(kl_divergence(q.family, natural[v], best[v])))
+        if c == r.best or kl <= SAME_OPTIMUM_KL:
+            kept.append(c)
+    return kept
+
+
+def chains_of(result: Any, restarts: str) -> list[int]:
+    """The restarts that become ArviZ chains (see the module docstring)."""
+    if restarts not in RESTARTS:
+        raise ValueError(f"restarts must be one of {RESTARTS}, got {restarts!r}.")
+    if result.restarts is None:
+        return [0]
+    if restarts == "best":
+        return [int(result.restarts.best)]
+    if restarts == "all":
+        return [c for c in range(result.num_restarts) if bool(result.restarts.finite[c])]
+    return same_optimum(result)
 
 
 def to_arviz(
@@ -78,7 +137,12 @@ def to_arviz(
     rng_key: Optional[jax.Array] = None,
     num_samples: int = 1000,
     *,
+    coords: Optional[Mapping[str, Any]] = None,
+    dims: Optional[Mapping[str, Any]] = None,
+    log_likelihood: bool = True,
+    log_likelihood_thinning: int = 1,
     posterior_predictive: bool = False,
+    restarts: str = "same",
 ) -> Any:
     """Build ``arviz.InferenceData`` from a fitted result (see the module docstring).
 
@@ -86,66 +150,121 @@ def to_arviz(
       result: a fitted :class:`~blrppl.results.BLRResult`.
       rng_key: a JAX PRNG key for the draws (default ``key(0)``).
       num_samples: draws per chain.
-      posterior_predictive: add a ``posterior_predictive`` group: one draw
-        of every observed site per posterior draw, from NumPyro's
-        ``Predictive`` with the posterior draws substituted.
+      coords: dimension name -> coordinate values (as ``az.from_numpyro``).
+      dims: site name -> its dimension names (after ``chain`` and ``draw``).
+      log_likelihood: build the ``log_likelihood`` group.
+      log_likelihood_thinning: keep every k-th draw in it.
+      posterior_predictive: add a ``posterior_predictive`` group.
+      restarts: ``"same"``, ``"all"`` or ``"best"`` (module docstring).
 
     Returns:
-      ``arviz.InferenceData`` with one chain per restart (restarts that
-      diverged left out; 1 without restarts) and ``draw`` = ``num_samples``.
+      ``arviz.InferenceData``.
     """
+    import xarray as xr
+
     az = import_arviz()
-    if rng_key is None:
-        rng_key = jax.random.key(0)
+    if int(num_samples) != num_samples or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive integer, got {num_samples}.")
+    if int(log_likelihood_thinning) != log_likelihood_thinning or log_likelihood_thinning < 1:
+        raise ValueError(f"log_likelihood_thinning must be a positive integer, got {log_likelihood_thinning}.")
+    rng_key = jax.random.key(0) if rng_key is None else rng_key
     graph = result.graph
-    restarts = range(result.num_restarts)
-    if result.restarts is not None:
-        restarts = [c for c in restarts if bool(result.restarts.finite[c])]
-    chains = [result.restart(c) for c in restarts]
-    per_chain = []
-    for c, fit in enumerate(chains):
-        key = rng_key if len(chains) == 1 else jax.random.fold_in(rng_key, c)
+    chains = chains_of(result, restarts)
+    fits = [result.restart(c) for c in chains]
+    thinned = np.arange(0, num_samples, int(log_likelihood_thinning))
+    posterior, log_lik, predicted = [], [], []
+    for c, fit in enumerate(fits):
+        key = rng_key if len(fits) == 1 else jax.random.fold_in(rng_key, c)
         sample_key, predictive_key = jax.random.split(key)
-        samples = fit.sample(sample_key, num_samples)
-        log_lik = log_likelihood(fit, samples)
-        predicted = predictive(fit, predictive_key, samples) if posterior_predictive else {}
-        per_chain.append((samples, log_lik, predicted))
+        draws = draw(fit, sample_key, num_samples)
+        posterior.append(jax.tree.map(np.asarray, draws.sites))
+        if log_likelihood:
+            latents = jax.tree.map(lambda x: x[thinned], draws.latents)
+            log_lik.append(jax.tree.map(np.asarray, pointwise_log_likelihood(fit, latents)))
+        if posterior_predictive:
+            predicted.append(jax.tree.map(np.asarray, predictive(fit, predictive_key, draws.sites)))
+        del draws
 
-    def stack(i):
-        names = per_chain[0][i]
-        return {n: np.stack([np.asarray(chain[i][n]) for chain in per_chain]) for n in names}
+    namer = DimNamer(graph)
+    all_dims, all_coords = {}, {}
 
-    posterior, log_lik, predicted = stack(0), stack(1), stack(2)
-    dims, coords = {}, {}
+    def name_axes(name: str, shape: tuple, param: bool = False) -> None:
+        site_dims, site_coords = namer.param_dims(name, shape) if param else namer.dims(name, shape)
+        if dims is not None and name in dims:
+            site_dims = list(dims[name])
+            if len(site_dims) != len(shape):
+                raise ValueError(
+                    f"site {name!r}: dims gives {len(site_dims)} names {site_dims} for a value of shape {shape}; "
+                    "give one name per axis after chain and draw."
+                )
+            site_coords = {d: np.arange(n) for d, n in zip(site_dims, shape)}
+        all_dims[name] = site_dims
+        for d, values in site_coords.items():
+            all_coords.setdefault(d, values)
+
+    def stack(per_chain: list) -> dict:
+        if not per_chain:
+            return {}
+        return {n: np.stack([chain[n] for chain in per_chain]) for n in per_chain[0]}
+
+    posterior, log_lik, predicted = stack(posterior), stack(log_lik), stack(predicted)
     for name, value in posterior.items():
-        site_dims, site_coords = _dims(name, value.shape[2:], _site_plates(graph, name), graph)
-        dims[name] = site_dims
-        coords.update(site_coords)
+        name_axes(name, value.shape[2:])
     observed = {}
-    for name, node in graph.factors.items():
-        if node.kind == "likelihood" and node.value is not None:
-            value = np.asarray(node.value)
-            observed[name] = value
-            site_dims, site_coords = _dims(name, value.shape, node.plates, graph)
-            dims[name] = site_dims
-            coords.update(site_coords)
-    finals = np.asarray([float(fit.elbo[-1]) for fit in chains])
-    sample_stats = {"elbo": finals[:, None] * np.ones((len(chains), num_samples))}
+    for name in observed_factors(graph):
+        observed[name] = np.asarray(graph.factors[name].value)
+        name_axes(name, observed[name].shape)
+    params = {k: np.asarray(v) for k, v in result.state.params.items()}
+    for name, value in params.items():
+        name_axes(name, value.shape, param=True)
+    all_coords.update(coords or {})
+    coords_of = lambda names: {d: all_coords[d] for n in names for d in all_dims[n]}  # noqa: E731
+
+    def dataset(values: dict, draw_coords: Any = None) -> Any:
+        variables = {n: (("chain", "draw", *all_dims[n]), v) for n, v in values.items()}
+        ds_coords = {"chain": np.asarray(chains), "draw": np.arange(num_samples) if draw_coords is None else draw_coords}
+        return xr.Dataset(variables, coords={**ds_coords, **coords_of(values)})
+
+    groups = {"posterior": dataset(posterior)}
+    if log_likelihood:
+        groups["log_likelihood"] = dataset(log_lik, thinned)
+    if predicted:
+        groups["posterior_predictive"] = dataset(predicted)
+    if observed:
+        groups["observed_data"] = xr.Dataset(
+            {n: (tuple(all_dims[n]), v) for n, v in observed.items()}, coords=coords_of(observed)
+        )
+    if params:
+        groups["constant_data"] = xr.Dataset(
+            {n: (tuple(all_dims[n]), v) for n, v in params.items()},
+            coords=coords_of(params),
+            attrs={"description": "numpyro.param sites: fitted point estimates (EM's M-step)"},
+        )
+    groups["sample_stats"] = _elbo_stats(fits, chains)
+    attrs = {"inference_library": "blrppl", "engine_mode": result.mode}
+    if result.restarts is not None:
+        attrs["best_restart"] = int(result.restarts.best)
+        attrs["restarts"] = restarts
+    for group in groups.values():
+        group.attrs.update(attrs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        idata = az.from_dict(
-            posterior=posterior,
-            posterior_predictive=predicted or None,
-            log_likelihood=log_lik,
-            observed_data=observed,
-            sample_stats=sample_stats,
-            coords=coords,
-            dims=dims,
-        )
-    idata.attrs["elbo_trace"] = np.asarray(result.elbo).tolist()
-    if result.restarts is not None:
-        idata.attrs["best_restart"] = int(result.restarts.best)
-    return idata
+        return az.InferenceData(**groups)
+
+
+def _elbo_stats(fits: list, chains: list) -> Any:
+    """``sample_stats``: each chain's ELBO trace in its own ``step`` dimension."""
+    import xarray as xr
+
+    length = max(len(fit.elbo) for fit in fits)
+    elbo = np.full((len(fits), length), np.nan)
+    for c, fit in enumerate(fits):
+        elbo[c, : len(fit.elbo)] = np.asarray(fit.elbo)
+    return xr.Dataset(
+        {"elbo": (("chain", "step"), elbo)},
+        coords={"chain": np.asarray(chains), "step": np.arange(1, length + 1)},
+        attrs={"description": "elbo[c, t - 1]: the ELBO of chain c's q after step t"},
+    )
 
 
 def predictive(result: Any, rng_key: jax.Array, samples: dict) -> dict:
@@ -158,7 +277,7 @@ def predictive(result: Any, rng_key: jax.Array, samples: dict) -> dict:
     from numpyro.infer import Predictive
 
     graph = result.graph
-    observed = [f for f, node in graph.factors.items() if node.kind == "likelihood" and node.value is not None]
+    observed = observed_factors(graph)
     model = _released(graph.model, frozenset(observed))
     draws = {k: v for k, v in samples.items() if k not in observed}
     params = {k: jnp.broadcast_to(v, (_num_draws(samples),) + jnp.shape(v)) for k, v in result.state.params.items()}
@@ -187,13 +306,3 @@ def _released(model: Any, sites: frozenset) -> Any:
             return model(*args, **kwargs)
 
     return released
-
-
-def _site_plates(graph: Any, name: str) -> tuple:
-    if name in graph.variables:
-        return graph.variables[name].plates
-    if name in graph.deterministics:
-        return graph.deterministics[name].plates
-    if name in graph.factors:
-        return graph.factors[name].plates
-    return ()

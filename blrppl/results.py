@@ -10,7 +10,7 @@ import numpyro
 import numpyro.distributions as dist
 
 from blrppl.blr.state import BLRState
-from blrppl.graph.replay import replay, split_latents
+from blrppl.graph.replay import split_latents
 from blrppl.posterior import block_marginals, q_distribution
 
 
@@ -194,42 +194,68 @@ class BLRResult(NamedTuple):
         return out
 
     def sample(self, rng_key: jax.Array, num_samples: int) -> dict:
-        """Joint draws from q: latent and deterministic site -> ``(num_samples, *shape)``."""
-        keys = jax.random.split(rng_key, len(self.plan.qs))
-        natural = self.natural_params
-        latents = {}
-        for key, (v, q) in zip(keys, self.plan.qs.items()):
-            draws = q.value_from_family(q.family.sample(key, natural[v], (num_samples,)))
-            if q.joint:
-                latents.update(q.transform(draws))
-                continue
-            latents[v] = draws if q.transform is None else q.transform(draws)
-        graph = self.graph
-        names = list(graph.deterministics)
-        sites = jax.vmap(lambda values: split_latents(graph, values))(latents)
-        if not names:
-            return {**sites, **latents}
+        """Joint draws from q, shaped like the model's sites: site -> ``(num_samples, *site_shape)``.
 
-        def deterministic(values):
-            sites = replay(graph, values, self.state.params, deterministic=True)
-            return {n: sites[n].value for n in names if n in sites}
+        Latent and deterministic sites; a chain comes back as the sites the
+        model samples (an initial state and the stacked states of a ``scan``),
+        so ``numpyro.infer.Predictive(model, posterior_samples=draws)`` works.
+        See :mod:`blrppl.draws`.
+        """
+        from blrppl.draws import draw
 
-        dets = jax.vmap(deterministic)(latents)
-        return {**sites, **latents, **dets}
+        return draw(self, rng_key, num_samples).sites
+
+    def get_samples(self, rng_key: Optional[jax.Array] = None, num_samples: int = 1000) -> dict:
+        """NumPyro's name for :meth:`sample` (``rng_key`` defaults to ``key(0)``).
+
+        ``Predictive(model, posterior_samples=result.get_samples(key, n),
+        params=result.params)`` draws posterior predictive samples (``params``
+        passes EM's point estimates).
+        """
+        return self.sample(jax.random.key(0) if rng_key is None else rng_key, num_samples)
+
+    def print_summary(self, prob: float = 0.9, *, rng_key: Optional[jax.Array] = None, num_samples: int = 1000) -> None:
+        """Print mean, sd, median and the central ``prob`` interval of every site, as NumPyro does.
+
+        Computed from ``num_samples`` independent draws from q (no r-hat or
+        n_eff: draws from q are independent), followed by the fitted
+        ``numpyro.param`` values and the final ELBO.
+        """
+        from blrppl.summary import print_summary
+
+        print_summary(self, prob, self.get_samples(rng_key, num_samples))
 
     def to_arviz(
-        self, rng_key: jax.Array | None = None, num_samples: int = 1000, *, posterior_predictive: bool = False
+        self,
+        rng_key: Optional[jax.Array] = None,
+        num_samples: int = 1000,
+        *,
+        coords: Optional[dict] = None,
+        dims: Optional[dict] = None,
+        log_likelihood: bool = True,
+        log_likelihood_thinning: int = 1,
+        posterior_predictive: bool = False,
+        restarts: str = "same",
     ):
-        """The fit as ``arviz.InferenceData``: posterior draws, log likelihood, ELBO.
+        """The fit as ``arviz.InferenceData``: draws, log likelihood, data, parameters, ELBO.
 
-        One chain per restart (one chain without restarts). With
-        ``posterior_predictive=True`` a ``posterior_predictive`` group holds
-        draws of every observed site given each posterior draw. See
-        :func:`blrppl.arviz_io.to_arviz`.
+        ``coords``/``dims`` as in ``az.from_numpyro``; ``log_likelihood=False``
+        or ``log_likelihood_thinning=k`` for large data; ``restarts`` picks
+        which restarts become chains. See :func:`blrppl.arviz_io.to_arviz`.
         """
         from blrppl.arviz_io import to_arviz
 
-        return to_arviz(self, rng_key, num_samples, posterior_predictive=posterior_predictive)
+        return to_arviz(
+            self,
+            rng_key,
+            num_samples,
+            coords=coords,
+            dims=dims,
+            log_likelihood=log_likelihood,
+            log_likelihood_thinning=log_likelihood_thinning,
+            posterior_predictive=posterior_predictive,
+            restarts=restarts,
+        )
 
     def guide(self) -> Callable:
         """A NumPyro guide drawing every latent site from q (for ``Predictive``).

@@ -87,7 +87,7 @@ def test_netcdf_round_trip(hierarchical_fit, tmp_path):
     assert set(loaded.groups()) == set(idata.groups())
     np.testing.assert_array_equal(loaded.posterior["theta"].values, idata.posterior["theta"].values)
     assert loaded.posterior["theta"].dims == ("chain", "draw", "group")
-    assert loaded.attrs["elbo_trace"] is not None
+    assert loaded.sample_stats["elbo"].dims == ("chain", "step")
 
 
 @pytest.mark.slow  # compilation-bound: ~6-10 s on 2 cores

@@ -36,7 +36,7 @@ def test_restarts_in_different_modes_give_large_rhat(mixture_fit):
     assert len(labellings) == 2  # both orders of the two clusters were found
     sorted_means = np.sort(means, axis=1)  # the same optimum up to relabelling
     np.testing.assert_allclose(sorted_means, np.broadcast_to(sorted_means[0], sorted_means.shape), atol=1e-6)
-    idata = result.to_arviz(jax.random.key(1), 200)
+    idata = result.to_arviz(jax.random.key(1), 200, restarts="all")
     assert idata.posterior.sizes["chain"] == 6 and idata.posterior["mu"].dims == ("chain", "draw", "K")
     assert float(az.rhat(idata, var_names=["mu"])["mu"].max()) > 1.1
 

@@ -55,7 +55,7 @@ def test_conjugate_bayes_on_a_scan_local_level_is_the_kalman_smoother(rng_key):
     evidence = multivariate_normal(np.zeros(T), design @ prior_cov @ design.T + OBS_SD**2 * np.eye(T)).logpdf(y)
     np.testing.assert_allclose(result.elbo, evidence, rtol=1e-10)
     draws = result.sample(rng_key, 5)
-    assert draws["level"].shape == (5, T + 1) and draws["level0"].shape == (5,)
+    assert draws["level"].shape == (5, T) and draws["level0"].shape == (5,)  # the model's sites
 
 
 def random_walk(y=None):

@@ -92,9 +92,9 @@ def test_conjugate_bayes_is_forward_backward_smoothing(rng_key):
     # The exact posterior's ELBO is the log evidence; the second step is a no-op.
     np.testing.assert_allclose(result.elbo, evidence, rtol=1e-12)
     draws = result.sample(rng_key, 4000)
-    assert draws["z"].shape == (4000, 7) and draws["z0"].shape == (4000,)
-    np.testing.assert_array_equal(draws["z0"], draws["z"][:, 0])
-    frequencies = np.stack([np.mean(np.asarray(draws["z"]) == k, 0) for k in range(K)], -1)
+    assert draws["z"].shape == (4000, 6) and draws["z0"].shape == (4000,)  # the model's sites
+    paths = np.concatenate([np.asarray(draws["z0"])[:, None], np.asarray(draws["z"])], 1)
+    frequencies = np.stack([np.mean(paths == k, 0) for k in range(K)], -1)
     assert np.max(np.abs(frequencies - marginals)) < 0.04  # 4000 draws: sd <= 0.008
 
 
@@ -263,7 +263,7 @@ def test_vmp_site_parameters_are_exact(zoo_fit):
 def test_vmp_draws_joint_chains(zoo_fit, rng_key):
     result, _ = zoo_fit
     draws = result.sample(rng_key, 5)
-    assert draws["z"].shape == (5, 61) and draws["z0"].shape == (5,)
+    assert draws["z"].shape == (5, 60) and draws["z0"].shape == (5,)
     assert draws["trans"].shape == (5, 2, 2) and draws["mu"].shape == (5, 2)
     assert jnp.issubdtype(draws["z"].dtype, jnp.integer)
 

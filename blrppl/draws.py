@@ -1,0 +1,67 @@
+"""Draws from a fitted q, shaped like the model's sites.
+
+A chain variable's q covers the joined chain (an initial state and the states
+of a ``scan``: T + 1 entries); the model samples it as two sites, so draws are
+cut back into them (:func:`~blrppl.graph.replay.split_latents`): what
+``numpyro.infer.Predictive(model, posterior_samples=...)`` and
+``numpyro.infer.log_likelihood`` expect. Deterministic sites are computed by
+re-running the model at each draw. Everything runs as one compiled function
+(eagerly, each of the model's operations would compile on its own).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+
+from blrppl.graph.replay import replay, split_latents
+
+
+class Draws(NamedTuple):
+    """Joint draws from q, each leaf with a leading axis of draws.
+
+    Attributes:
+      latents: variable name -> draws in the site's support, chains joined
+        (the layout :func:`~blrppl.graph.replay.replay` reads); a joint
+        block contributes its member sites.
+      sites: numpyro site name -> draws, chains cut into their sites, with
+        the model's deterministic sites.
+    """
+
+    latents: dict
+    sites: dict
+
+
+def latent_draws(plan: Any, natural: dict, rng_key: jax.Array, num_samples: int) -> dict:
+    """Variable -> ``num_samples`` joint draws from its q, in the site's support."""
+    keys = jax.random.split(rng_key, max(len(plan.qs), 1))
+    latents = {}
+    for key, (v, q) in zip(keys, plan.qs.items()):
+        values = q.value_from_family(q.family.sample(key, natural[v], (num_samples,)))
+        if q.joint:
+            latents.update(q.transform(values))
+        else:
+            latents[v] = values if q.transform is None else q.transform(values)
+    return latents
+
+
+def draw(result: Any, rng_key: jax.Array, num_samples: int) -> Draws:
+    """``num_samples`` joint draws from ``result``'s q (see the module docstring)."""
+    plan = result.plan
+    graph = plan.graph
+    names = tuple(graph.deterministics)
+
+    def run(key, natural, params):
+        latents = latent_draws(plan, natural, key, num_samples)
+        sites = jax.vmap(lambda values: split_latents(graph, values))(latents)
+        if names:
+
+            def deterministic(values):
+                replayed = replay(graph, values, params, deterministic=True)
+                return {n: replayed[n].value for n in names if n in replayed}
+
+            sites.update(jax.vmap(deterministic)(latents))
+        return Draws(latents, sites)
+
+    return jax.jit(run)(rng_key, result.natural_params, dict(result.state.params))
