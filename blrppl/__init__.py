@@ -15,6 +15,7 @@ from blrppl import blr
 from blrppl.errors import ModelError, RuntimeDeadlock
 from blrppl.graph import FactorGraph
 from blrppl.tracing import trace
+from blrppl.choosing import choose
 from blrppl.results import BLRResult
 from blrppl.saving import load
 from blrppl.compilation_cache import enable_compilation_cache, enable_from_environment
@@ -37,6 +38,7 @@ __all__ = [
     "SVI",
     "VMP",
     "__version__",
+    "choose",
     "enable_compilation_cache",
     "load",
     "trace",

@@ -218,12 +218,14 @@ def to_arviz(
     for name, value in params.items():
         name_axes(name, value.shape, param=True)
     all_coords.update(coords or {})
-    coords_of = lambda names: {d: all_coords[d] for n in names for d in all_dims[n]}  # noqa: E731
+    def coords_of(values: dict, lead: int = 0) -> dict:
+        return {d: all_coords[d] for n, v in values.items() for d in all_dims[n][: np.ndim(v) - lead]}
 
     def dataset(values: dict, draw_coords: Any = None) -> Any:
-        variables = {n: (("chain", "draw", *all_dims[n]), v) for n, v in values.items()}
+        # A log likelihood has the observation's batch axes only (its event is summed).
+        variables = {n: (("chain", "draw", *all_dims[n][: v.ndim - 2]), v) for n, v in values.items()}
         ds_coords = {"chain": np.asarray(chains), "draw": np.arange(num_samples) if draw_coords is None else draw_coords}
-        return xr.Dataset(variables, coords={**ds_coords, **coords_of(values)})
+        return xr.Dataset(variables, coords={**ds_coords, **coords_of(values, 2)})
 
     groups = {"posterior": dataset(posterior)}
     if log_likelihood:

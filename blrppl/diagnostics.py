@@ -195,10 +195,11 @@ def _importance_draws(
     natural = result.natural_params
     graph = plan.graph
     keys = jax.random.split(rng_key, max(len(plan.qs), 1))
-    draws = {
-        v: q.family.sample(key, natural[v], (num_samples,))
-        for key, (v, q) in zip(keys, plan.qs.items())
-    }
+    draws = jax.jit(  # compiled: eagerly, a chain family's sampler compiles op by op (seconds)
+        lambda keys, natural: {
+            v: q.family.sample(key, natural[v], (num_samples,)) for key, (v, q) in zip(keys, plan.qs.items())
+        }
+    )(keys, natural)
     params = dict(state.params)
     dtype = jnp.result_type(float)
 

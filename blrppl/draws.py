@@ -33,17 +33,27 @@ class Draws(NamedTuple):
     sites: dict
 
 
-def latent_draws(plan: Any, natural: dict, rng_key: jax.Array, num_samples: int) -> dict:
-    """Variable -> ``num_samples`` joint draws from its q, in the site's support."""
+def family_draws(plan: Any, natural: dict, rng_key: jax.Array, num_samples: int) -> dict:
+    """Variable -> ``num_samples`` draws from its q in the family's own space (for T(x))."""
     keys = jax.random.split(rng_key, max(len(plan.qs), 1))
+    return {v: q.family.sample(key, natural[v], (num_samples,)) for key, (v, q) in zip(keys, plan.qs.items())}
+
+
+def to_support(plan: Any, draws: dict) -> dict:
+    """Family-space draws -> values in each site's support (joint blocks -> their member sites)."""
     latents = {}
-    for key, (v, q) in zip(keys, plan.qs.items()):
-        values = q.value_from_family(q.family.sample(key, natural[v], (num_samples,)))
+    for v, q in plan.qs.items():
+        values = q.value_from_family(draws[v])
         if q.joint:
             latents.update(q.transform(values))
         else:
             latents[v] = values if q.transform is None else q.transform(values)
     return latents
+
+
+def latent_draws(plan: Any, natural: dict, rng_key: jax.Array, num_samples: int) -> dict:
+    """Variable -> ``num_samples`` joint draws from its q, in the site's support."""
+    return to_support(plan, family_draws(plan, natural, rng_key, num_samples))
 
 
 def draw(result: Any, rng_key: jax.Array, num_samples: int) -> Draws:

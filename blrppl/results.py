@@ -257,6 +257,24 @@ class BLRResult(NamedTuple):
             restarts=restarts,
         )
 
+    def influence(self, rng_key: Optional[jax.Array] = None, **options: Any):
+        """Each observation's leave-one-out log predictive density and influence, without refitting.
+
+        Removes observation i's site parameter from λ (the memory-perturbation
+        equation, Nickl et al. 2023): exact for conjugate models, an
+        approximation with a Pareto-k diagnostic elsewhere. Options:
+        ``factor=``, ``plate=``, ``num_samples=``. See :mod:`blrppl.influence`.
+        """
+        from blrppl.influence import influence
+
+        return influence(self, rng_key, **options)
+
+    def loo(self, rng_key: Optional[jax.Array] = None, **options: Any):
+        """:meth:`influence` as ``arviz.ELPDData``, the output of ``az.loo`` (``az.compare`` takes it)."""
+        from blrppl.influence import loo
+
+        return loo(self, rng_key, **options)
+
     def guide(self) -> Callable:
         """A NumPyro guide drawing every latent site from q (for ``Predictive``).
 

@@ -39,6 +39,7 @@ def _is_key(leaf: Any) -> bool:
 
 
 def _flatten(prefix: str, tree: Any) -> dict[str, np.ndarray]:
+    """Named arrays of a pytree; PRNG keys (the state's random stream) as their raw key data."""
     leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
     return {
         prefix + jax.tree_util.keystr(path): np.asarray(jax.random.key_data(leaf) if _is_key(leaf) else leaf)
@@ -78,18 +79,21 @@ def _fill(prefix: str, template: Any, arrays: Any, path: str) -> Any:
             f"unexpected {extra[:3]}); load with the engine settings, model and data of the saved fit."
         )
     out = []
-    for p, leaf in leaves:
+    for p, template_leaf in leaves:
+        leaf = template_leaf
         key = prefix + jax.tree_util.keystr(p)
         value = arrays[key]
         if _is_key(leaf):
-            out.append(jax.random.wrap_key_data(jnp.asarray(value)))
-            continue
+            leaf = jax.random.key_data(leaf)
         if value.shape != jnp.shape(leaf):
             raise ModelError(
                 f"site {path!r}: {key} has shape {value.shape} in the file but {jnp.shape(leaf)} for this "
                 "model; pass the data of the saved fit."
             )
-        out.append(jnp.asarray(value))
+        if _is_key(template_leaf):  # the state's random stream, in the template's key implementation
+            out.append(jax.random.wrap_key_data(jnp.asarray(value), impl=jax.random.key_impl(template_leaf)))
+        else:
+            out.append(jnp.asarray(value))
     return jax.tree_util.tree_unflatten(treedef, out)
 
 

@@ -103,6 +103,26 @@ class Engine:
           A :class:`~blrppl.results.BLRResult`.
         """
         plan = self.plan(*model_args, **model_kwargs)
+        return self.fit(
+            plan, rng_key, num_steps, progress_bar=progress_bar, init_state=init_state, tol=tol, num_restarts=num_restarts
+        )
+
+    def fit(
+        self,
+        plan: Plan,
+        rng_key: jax.Array,
+        num_steps: int,
+        *,
+        progress_bar: bool = True,
+        init_state: Any = None,
+        tol: Optional[float] = None,
+        num_restarts: Optional[int] = None,
+    ) -> BLRResult:
+        """:meth:`run` on a plan already made (by :meth:`plan`, or :func:`blrppl.choose`).
+
+        The plan must come from this engine's options (``engine.plan``), or
+        from options that plan the same fit; ``run`` is ``fit(plan(...))``.
+        """
         if num_restarts is None:
             num_restarts = 1 if init_state is not None else default_restarts(plan)
         if int(num_restarts) != num_restarts or num_restarts < 1:

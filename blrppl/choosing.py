@@ -1,0 +1,237 @@
+"""``blrppl.choose``: the engine a model needs, read off its trace.
+
+The default engine of ``python -m blrppl fit`` and a plain function for
+Python users. The choice is the first of :data:`RULES` that applies, each a
+fact of the traced graph (Khan & Rue, Table 1):
+
+=====================================  ==================  ======================================
+the trace shows                        engine              why
+=====================================  ==================  ======================================
+a plate with ``subsample_size``        ``SVI``             minibatches: local ρ = 1, global ρ_t
+``numpyro.param`` sites, every         ``EM``              exact E-step, point estimates by
+factor conjugate                                           M-steps (the delta method)
+every factor conjugate, each on one    ``ConjugateBayes``  the posterior is in q's family: one
+q block                                                    ρ = 1 step is exact
+every factor conjugate                 ``VMP``             exact site parameters, coordinate
+                                                           ascent over mean-field blocks
+a non-conjugate factor                 ``NonConjugateVI``  exact where conjugate, estimated
+                                                           natural gradients elsewhere
+=====================================  ==================  ======================================
+
+A rule is a :class:`Rule`: an engine name and a test of the :class:`Facts`
+that returns the reason it applies (or None). A new engine is one more rule
+in the list (and one entry of :data:`ENGINES`), placed where it should win.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+from blrppl.engines.base import Engine
+from blrppl.engines.blr import BLR
+from blrppl.engines.conjugate import ConjugateBayes
+from blrppl.engines.em import EM
+from blrppl.engines.laplace import Laplace
+from blrppl.engines.nonconjugate import NonConjugateVI
+from blrppl.engines.svi import SVI
+from blrppl.engines.vmp import VMP
+from blrppl.errors import ModelError
+from blrppl.graph.nodes import FactorGraph
+
+ENGINES: dict[str, type] = {
+    "VMP": VMP,
+    "ConjugateBayes": ConjugateBayes,
+    "EM": EM,
+    "SVI": SVI,
+    "NonConjugateVI": NonConjugateVI,
+    "Laplace": Laplace,
+    "BLR": BLR,
+}
+"""Engine name -> class: what ``--algorithm`` accepts."""
+
+
+class Facts(NamedTuple):
+    """What the rules read off a model's trace.
+
+    Attributes:
+      graph: the traced graph with every edge's conjugacy verdict.
+      plan: the plan the facts come from (``NonConjugateVI``'s options), or
+        None for a minibatch model.
+      subsampled: plates with ``subsample_size < size``.
+      params: ``numpyro.param`` site names.
+      nonconjugate: ``(factor, variable, reason)`` for every edge without an
+        exact site parameter.
+      in_family: why the posterior lies in q's family (every factor on one q
+        block: conjugate Bayes is exact), or None.
+      not_in_family: why it does not, or None.
+      model, args, kwargs: the model and its arguments.
+    """
+
+    graph: FactorGraph
+    plan: Any
+    subsampled: tuple
+    params: tuple
+    nonconjugate: tuple
+    in_family: Optional[str]
+    not_in_family: Optional[str]
+    model: Callable
+    args: tuple
+    kwargs: dict
+
+
+class Rule(NamedTuple):
+    """One line of the choice: ``test(facts)`` returns why ``engine`` fits, or None."""
+
+    engine: str
+    test: Callable[[Facts], Optional[str]]
+
+
+class Choice(NamedTuple):
+    """The chosen engine and the reasons, from the trace.
+
+    Attributes:
+      engine: the engine, ready to ``run`` (``choice.engine.run(key, steps, *args, **kwargs)``).
+      name: its class name (``"VMP"``).
+      reasons: why, in words a user can check against the model.
+      plan: the engine's plan of this model and data, when the choice made
+        it (``choice.engine.fit(choice.plan, key, steps)`` skips planning
+        again), else None.
+    """
+
+    engine: Engine
+    name: str
+    reasons: tuple
+    plan: Any = None
+
+    def __str__(self) -> str:
+        return f"{self.name}: " + "; ".join(self.reasons)
+
+
+def _conjugate(facts: Facts) -> Optional[str]:
+    if facts.nonconjugate:
+        return None
+    return "every factor has exact (conjugate) site parameters"
+
+
+def _svi(facts: Facts) -> Optional[str]:
+    if not facts.subsampled:
+        return None
+    plate = facts.subsampled[0]
+    return f"plate {plate.name!r} draws minibatches of {plate.subsample_size} of {plate.size}"
+
+
+def _em(facts: Facts) -> Optional[str]:
+    if not facts.params or facts.nonconjugate:
+        return None
+    return f"numpyro.param sites {list(facts.params)} are point estimates (M-steps) and every factor is conjugate"
+
+
+def _conjugate_bayes(facts: Facts) -> Optional[str]:
+    if facts.params or facts.in_family is None:
+        return None
+    return f"{_conjugate(facts)} and {facts.in_family}: one step is the exact posterior"
+
+
+def _vmp(facts: Facts) -> Optional[str]:
+    reason = _conjugate(facts)
+    if reason is None:
+        return None
+    return f"{reason}; {facts.not_in_family or 'the posterior is not in the family'}: coordinate ascent"
+
+
+def _nonconjugate(facts: Facts) -> Optional[str]:
+    shown = [f"{f!r} in {v!r}" for f, v, _ in facts.nonconjugate[:3]]
+    more = f" and {len(facts.nonconjugate) - 3} more" if len(facts.nonconjugate) > 3 else ""
+    factor, var, reason = facts.nonconjugate[0]
+    return f"factors not conjugate: {', '.join(shown)}{more} (e.g. {reason}); they get estimated natural gradients"
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("SVI", _svi),
+    Rule("EM", _em),
+    Rule("ConjugateBayes", _conjugate_bayes),
+    Rule("VMP", _vmp),
+    Rule("NonConjugateVI", _nonconjugate),
+)
+"""The rules in order; the first that applies chooses (module docstring)."""
+
+REUSES_PLAN = frozenset({"EM", "ConjugateBayes", "VMP", "NonConjugateVI"})
+"""Engines whose default plan equals the facts' plan when their rule applies.
+
+``NonConjugateVI`` made it; the exact engines plan the same fit when every
+factor is conjugate (the same exact estimators, the same q, no other
+options), which their rules require.
+"""
+
+
+def facts_of(model: Callable, args: tuple, kwargs: dict) -> Facts:
+    """Plan ``model`` once and collect the :class:`Facts` the rules read.
+
+    The plan is made with ``NonConjugateVI``'s options (exact site parameters
+    where a factor is conjugate, estimated elsewhere), the most permissive
+    default: every factor's verdict in one analysis.
+    """
+    from blrppl.graph.trace import build_graph
+
+    graph = build_graph(model, args, kwargs)
+    subsampled = tuple(p for p in graph.plates.values() if p.subsampled)
+    if subsampled:  # planned by SVI itself (minibatch plans differ)
+        return Facts(graph, None, subsampled, tuple(graph.params), (), None, None, model, args, dict(kwargs))
+    plan = NonConjugateVI(model).plan(*args, **kwargs)
+    graph = plan.graph
+    nonconjugate = tuple(
+        (f, v, edge.reason or "not analysed")
+        for f, edges in plan.verdicts.items()
+        for v, edge in edges.items()
+        if edge.conjugate is not True
+    )
+    nonconjugate = tuple(sorted(nonconjugate, key=lambda e: graph.factors[e[0]].kind == "prior"))  # likelihoods first
+    in_family, not_in_family = None, None
+    if not nonconjugate:
+        in_family, not_in_family = posterior_in_family(plan)
+    return Facts(graph, plan, (), tuple(graph.params), nonconjugate, in_family, not_in_family, model, args, dict(kwargs))
+
+
+def posterior_in_family(plan: Any) -> tuple[Optional[str], Optional[str]]:
+    """``(why, why not)``: whether every factor touches one q block (Sec. 5.1), so that q can be exact.
+
+    A factor on two q blocks (two variables, or two independent positions of
+    one plated variable in one term) couples them, and a mean-field q cannot
+    be the posterior.
+    """
+    for est in plan.estimators:
+        if len(est.neighbours) > 1:
+            return None, f"factor {est.factor!r} touches {len(est.neighbours)} q blocks {list(est.neighbours)}"
+        for term in () if est.analysis is None else est.analysis.terms:
+            reads = [read.var for read in term.reads]
+            if len(reads) != len(set(reads)):
+                return None, f"factor {est.factor!r} couples independent positions of {reads[0]!r}"
+    return "every factor touches one q block", None
+
+
+def choose(model: Callable, *args: Any, **kwargs: Any) -> Choice:
+    """The engine ``python -m blrppl fit`` uses for ``model(*args, **kwargs)``, with its reasons.
+
+    Args:
+      model: a NumPyro model.
+      *args, **kwargs: its arguments (data included), as for ``engine.run``.
+
+    Returns:
+      A :class:`Choice`: ``choice.engine`` (default options), ``choice.name``
+      and ``choice.reasons``.
+
+    Example:
+      >>> choice = blrppl.choose(model, y=y)  # doctest: +SKIP
+      >>> print(choice)  # doctest: +SKIP
+      VMP: every factor has exact (conjugate) site parameters; factor 'y' touches 2 q blocks ...
+      >>> result = choice.engine.run(jax.random.key(0), 100, y=y)  # doctest: +SKIP
+    """
+    facts = facts_of(model, args, kwargs)
+    for rule in RULES:
+        reason = rule.test(facts)
+        if reason is not None:
+            plan = facts.plan if rule.engine in REUSES_PLAN else None
+            return Choice(ENGINES[rule.engine](model), rule.engine, (reason,), plan)
+    raise ModelError(  # unreachable with the rules above: the last one always applies
+        f"site {getattr(model, '__name__', 'model')!r}: no engine rule applies; pass --algorithm."
+    )
