@@ -42,11 +42,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from blrppl.arviz_dims import DimNamer
-from blrppl.draws import draw
+from blrppl.draws import compiled_for, draw, model_data
 from blrppl.graph.replay import replay
 
 #: Elements (draws x observations) a chunk of the log-likelihood computation holds.
 CHUNK_ELEMENTS = 1 << 22
+#: The largest pointwise log likelihood ``to_arviz`` builds (draws x observations x item size).
+MAX_LOG_LIKELIHOOD_BYTES = 4 * 2**30
 #: Restarts within this KL (nats) of the best restart's q count as the same optimum.
 SAME_OPTIMUM_KL = 1.0
 RESTARTS = ("same", "all", "best")
@@ -81,23 +83,39 @@ def pointwise_log_likelihood(result: Any, latents: Mapping[str, Any], chunk_elem
     num_draws = int(np.shape(jax.tree.leaves(latents)[0])[0]) if latents else 1
     batch = int(max(1, min(num_draws, chunk_elements // max(size, 1))))
 
-    def pointwise(values, params):
-        sites = replay(graph, values, params)
-        out = {}
-        for name in observed:
-            site = sites[name]
-            log_prob = site.fn.log_prob(site.value)
-            if site.mask is not None:
-                log_prob = jnp.where(site.mask, log_prob, 0.0)
-            out[name] = log_prob
-        return out
+    def build():
+        def pointwise(values, params, data):
+            sites = replay(graph, values, params, data=data)
+            out = {}
+            for name in observed:
+                site = sites[name]
+                log_prob = site.fn.log_prob(site.value)
+                if site.mask is not None:
+                    log_prob = jnp.where(site.mask, log_prob, 0.0)
+                out[name] = log_prob
+            return out
 
-    def run(latents, params):
-        return jax.lax.map(lambda values: pointwise(values, params), latents, batch_size=batch)
+        def run(latents, params, data):
+            if not latents:  # no latent variables: one "draw" of the fixed model
+                return jax.tree.map(lambda x: x[None], pointwise({}, params, data))
+            return jax.lax.map(lambda values: pointwise(values, params, data), latents, batch_size=batch)
 
-    if not latents:  # no latent variables: one "draw" of the fixed model
-        return jax.tree.map(lambda x: x[None], jax.jit(lambda p: pointwise({}, p))(dict(result.state.params)))
-    return jax.jit(run)(dict(latents), dict(result.state.params))
+        return jax.jit(run)
+
+    run = compiled_for(result.plan, ("log_likelihood", batch), build)
+    return run(dict(latents), dict(result.state.params), model_data(result.plan))
+
+
+def _check_log_likelihood_size(graph: Any, num_draws: int) -> None:
+    """Refuse, with the remedy, a pointwise log likelihood larger than :data:`MAX_LOG_LIKELIHOOD_BYTES`."""
+    size = sum(int(np.prod(np.shape(graph.factors[f].value))) for f in observed_factors(graph))
+    nbytes = num_draws * size * np.dtype(jnp.result_type(float)).itemsize
+    if nbytes > MAX_LOG_LIKELIHOOD_BYTES:
+        raise ValueError(
+            f"the pointwise log likelihood would hold {num_draws} draws x {size} observations "
+            f"({nbytes / 2**30:.1f} GiB); pass log_likelihood_thinning=k to keep every k-th draw, "
+            "fewer num_samples, or log_likelihood=False."
+        )
 
 
 def same_optimum(result: Any) -> list[int]:
@@ -170,6 +188,8 @@ def to_arviz(
     rng_key = jax.random.key(0) if rng_key is None else rng_key
     graph = result.graph
     chains = chains_of(result, restarts)
+    if log_likelihood:
+        _check_log_likelihood_size(graph, len(chains) * -(-num_samples // int(log_likelihood_thinning)))
     fits = [result.restart(c) for c in chains]
     thinned = np.arange(0, num_samples, int(log_likelihood_thinning))
     posterior, log_lik, predicted = [], [], []
@@ -205,6 +225,8 @@ def to_arviz(
     def stack(per_chain: list) -> dict:
         if not per_chain:
             return {}
+        if len(per_chain) == 1:  # a view, not a copy (a log likelihood may be large)
+            return {n: v[None] for n, v in per_chain[0].items()}
         return {n: np.stack([chain[n] for chain in per_chain]) for n in per_chain[0]}
 
     posterior, log_lik, predicted = stack(posterior), stack(log_lik), stack(predicted)
@@ -251,7 +273,9 @@ def to_arviz(
         group.attrs.update(attrs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        return az.InferenceData(**groups)
+        idata = az.InferenceData(**groups)
+    idata.attrs.update(attrs)
+    return idata
 
 
 def _elbo_stats(fits: list, chains: list) -> Any:

@@ -11,11 +11,36 @@ re-running the model at each draw. Everything runs as one compiled function
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from collections import OrderedDict
+from typing import Any, Callable, NamedTuple
 
 import jax
 
 from blrppl.graph.replay import replay, split_latents
+
+
+#: Compiled functions of recent plans (the plan kept alive with them, so its id is not reused).
+_COMPILED: OrderedDict = OrderedDict()
+_MAX_COMPILED = 16
+
+
+def compiled_for(plan: Any, key: Any, build: Callable[[], Callable]) -> Callable:
+    """``build()`` (a jitted function of ``plan``) once per plan and ``key``: repeated calls compile nothing."""
+    entry = (id(plan), key)
+    hit = _COMPILED.get(entry)
+    if hit is not None and hit[0] is plan:
+        _COMPILED.move_to_end(entry)
+        return hit[1]
+    fn = build()
+    _COMPILED[entry] = (plan, fn)
+    while len(_COMPILED) > _MAX_COMPILED:
+        _COMPILED.popitem(last=False)
+    return fn
+
+
+def model_data(plan: Any) -> Any:
+    """The model's array arguments as compiled code takes them (None: the traced ones, as constants)."""
+    return None if plan.data_static else plan.arrays.data
 
 
 class Draws(NamedTuple):
@@ -59,19 +84,24 @@ def latent_draws(plan: Any, natural: dict, rng_key: jax.Array, num_samples: int)
 def draw(result: Any, rng_key: jax.Array, num_samples: int) -> Draws:
     """``num_samples`` joint draws from ``result``'s q (see the module docstring)."""
     plan = result.plan
-    graph = plan.graph
-    names = tuple(graph.deterministics)
 
-    def run(key, natural, params):
-        latents = latent_draws(plan, natural, key, num_samples)
-        sites = jax.vmap(lambda values: split_latents(graph, values))(latents)
-        if names:
+    def build():
+        graph = plan.graph
+        names = tuple(graph.deterministics)
 
-            def deterministic(values):
-                replayed = replay(graph, values, params, deterministic=True)
-                return {n: replayed[n].value for n in names if n in replayed}
+        def run(key, natural, params, data):
+            latents = latent_draws(plan, natural, key, num_samples)
+            sites = jax.vmap(lambda values: split_latents(graph, values))(latents)
+            if names:
 
-            sites.update(jax.vmap(deterministic)(latents))
-        return Draws(latents, sites)
+                def deterministic(values):
+                    replayed = replay(graph, values, params, deterministic=True, data=data)
+                    return {n: replayed[n].value for n in names if n in replayed}
 
-    return jax.jit(run)(rng_key, result.natural_params, dict(result.state.params))
+                sites.update(jax.vmap(deterministic)(latents))
+            return Draws(latents, sites)
+
+        return jax.jit(run)
+
+    run = compiled_for(plan, ("draw", num_samples), build)
+    return run(rng_key, result.natural_params, dict(result.state.params), model_data(plan))

@@ -22,10 +22,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import logsumexp
 
 from blrppl.choosing import posterior_in_family
-from blrppl.draws import family_draws, to_support
+from blrppl.draws import compiled_for, family_draws, to_support
 from blrppl.estimators.base import example_latents, q_space_examples
 from blrppl.estimators.exact import exact_estimator
 from blrppl.influence import CHUNK, Influence, inner_sum, natural_and_mean
@@ -55,42 +54,64 @@ def _coupled(estimator: Any) -> bool:
     return False
 
 
-def exact_influence(result: Any, factor: str, plate: Any, rng_key: jax.Array, num_samples: int) -> Influence:
-    """:class:`~blrppl.influence.Influence` of a factor with exact site parameters."""
-    plan = result.plan
+def _compiled_pass(plan: Any, factor: str, plate: Any, num_samples: int) -> tuple:
+    """``(estimator, method, run)``: the per-observation pass of ``factor``, compiled once per plan.
+
+    ``run(natural, mean, params, arrays, stats)`` returns, per observation,
+    the closed-form leave-one-out and full-data log predictive densities,
+    KL(q || q_-i) and (with ``stats``, T at draws from q) log q_-i / q at the
+    draws, up to a constant: one evaluation of the factor's site parameters
+    per observation, vectorised over chunks of observations. A second
+    ``loo()`` of the same fit compiles nothing.
+    """
+    build = lambda: _build_pass(plan, factor, plate, num_samples)  # noqa: E731
+    return compiled_for(plan, ("influence", factor, plate.name, num_samples), build)
+
+
+def _build_pass(plan: Any, factor: str, plate: Any, num_samples: int) -> tuple:
     qs = plan.qs
     estimator = per_observation_estimator(plan, factor, plate)
-    arrays = plan.arrays._replace(factors={**plan.arrays.factors, factor: estimator.arrays})
     neighbours = estimator.neighbours
     single = len(neighbours) == 1 and not _coupled(estimator)
     in_family = posterior_in_family(plan)[0] is not None and not plan.init_params
     method = "exact" if single and in_family else "conjugate" if single else "importance"
+
+    def run(natural, mean, params, arrays, stats):
+        def one(i):
+            value, sites = estimator.estimate(None, mean, params, arrays, batch=i[None])
+            c, loo, lpd, kl = value, 0.0, 0.0, 0.0
+            log_ratio = jnp.zeros((num_samples if stats else 1,))
+            for v in neighbours:
+                family, lam, site = qs[v].family, natural[v], sites[v]
+                inner_mu = inner_sum(family, site, mean[v])
+                a0 = jnp.sum(family.log_normalizer(lam))
+                a_minus = jnp.sum(family.log_normalizer(jax.tree.map(jnp.subtract, lam, site)))
+                a_plus = jnp.sum(family.log_normalizer(jax.tree.map(jnp.add, lam, site)))
+                c = c - inner_mu
+                loo, lpd = loo + a0 - a_minus, lpd + a_plus - a0
+                kl = kl + a_minus - a0 + inner_mu  # Bregman divergence of A: KL(q || q_-i)
+                if stats:  # log q_-i / q at the draws, up to a constant: -<λ̃_i, T(θ_s)>
+                    log_ratio = log_ratio - jax.vmap(lambda t: inner_sum(family, site, t))(stats[v])
+            return c + loo, c + lpd, kl, log_ratio
+
+        return jax.lax.map(one, jnp.arange(plate.size), batch_size=min(CHUNK, plate.size))
+
+    return estimator, method, jax.jit(run)
+
+
+def exact_influence(result: Any, factor: str, plate: Any, rng_key: jax.Array, num_samples: int) -> Influence:
+    """:class:`~blrppl.influence.Influence` of a factor with exact site parameters."""
+    plan = result.plan
+    qs = plan.qs
+    estimator, method, run = _compiled_pass(plan, factor, plate, num_samples)
+    arrays = plan.arrays._replace(factors={**plan.arrays.factors, factor: estimator.arrays})
     natural, mean = natural_and_mean(result)
-    params = dict(result.state.params)
-    draws = None
+    draws, stats = None, {}
     if method != "exact":
-        draws = jax.jit(lambda key, nat: family_draws(plan, nat, key, num_samples))(rng_key, natural)
-    stats = None if draws is None else {v: _statistics(qs[v], draws[v]) for v in neighbours}
-
-    def one(i):
-        value, sites = estimator.estimate(None, mean, params, arrays, batch=i[None])
-        c, loo, lpd, kl = value, 0.0, 0.0, 0.0
-        log_ratio = jnp.zeros((num_samples,)) if stats is not None else jnp.zeros((1,))
-        for v in neighbours:
-            family, lam, site = qs[v].family, natural[v], sites[v]
-            inner_mu = inner_sum(family, site, mean[v])
-            a0 = jnp.sum(family.log_normalizer(lam))
-            a_minus = jnp.sum(family.log_normalizer(jax.tree.map(jnp.subtract, lam, site)))
-            a_plus = jnp.sum(family.log_normalizer(jax.tree.map(jnp.add, lam, site)))
-            c = c - inner_mu
-            loo, lpd = loo + a0 - a_minus, lpd + a_plus - a0
-            kl = kl + a_minus - a0 + inner_mu  # Bregman divergence of A: KL(q || q_-i)
-            if stats is not None:  # log q_-i / q at the draws, up to a constant: -<λ̃_i, T(θ_s)>
-                log_ratio = log_ratio - jax.vmap(lambda t: inner_sum(family, site, t))(stats[v])
-        return c + loo, c + lpd, kl, log_ratio
-
-    run = jax.jit(lambda: jax.lax.map(one, jnp.arange(plate.size), batch_size=min(CHUNK, plate.size)))
-    loo_lpd, lpd, kl, log_ratio = (np.asarray(x, dtype=np.float64) for x in run())
+        draws = _draws(plan, num_samples)(rng_key, natural)
+        stats = {v: _statistics(qs[v], draws[v]) for v in estimator.neighbours}
+    out = run(natural, mean, dict(result.state.params), arrays, stats)
+    loo_lpd, lpd, kl, log_ratio = (np.asarray(x, dtype=np.float64) for x in out)
     diagnostic = np.zeros(plate.size)
     if method != "exact":
         from blrppl.arviz_io import import_arviz
@@ -98,10 +119,21 @@ def exact_influence(result: Any, factor: str, plate: Any, rng_key: jax.Array, nu
         smoothed, diagnostic = _psis(import_arviz(), log_ratio)
         if method == "importance":
             log_lik = _pointwise(result, factor, plate, to_support(plan, draws))  # (S, N) at the same draws
-            loo_lpd = np.asarray(logsumexp(smoothed + log_lik.T, axis=1))
-            lpd = np.asarray(logsumexp(log_lik, axis=0) - np.log(num_samples))
+            loo_lpd = _logsumexp(smoothed + log_lik.T, axis=1)
+            lpd = _logsumexp(log_lik, axis=0) - np.log(num_samples)
     return Influence(factor, plate.name, loo_lpd, lpd, kl, np.asarray(diagnostic, dtype=float), method,
                      0 if method == "exact" else num_samples)
+
+
+def _draws(plan: Any, num_samples: int) -> Any:
+    build = lambda: jax.jit(lambda key, natural: family_draws(plan, natural, key, num_samples))  # noqa: E731
+    return compiled_for(plan, ("family_draws", num_samples), build)
+
+
+def _logsumexp(x: np.ndarray, axis: int) -> np.ndarray:
+    top = np.max(x, axis=axis, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    return np.squeeze(top, axis) + np.log(np.sum(np.exp(x - top), axis=axis))
 
 
 def _psis(az: Any, log_ratio: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

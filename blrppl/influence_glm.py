@@ -26,10 +26,12 @@ import itertools
 import math
 from typing import Any, Optional
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
+from blrppl.draws import compiled_for
 from blrppl.estimators.base import example_latents, factor_log_density, owner, q_space_examples
 from blrppl.estimators.linear_predictor import find_linear_predictor
 from blrppl.estimators.nonconjugate import PREDICTOR_POINTS
@@ -95,6 +97,16 @@ def _directions(design: Any, names: tuple, slices: tuple, mean: dict) -> list:
 def glm_influence(result: Any, factor: str, plate: Any) -> Optional[Influence]:
     """:class:`~blrppl.influence.Influence` of a GLM factor (module docstring), or None if it is not one."""
     plan = result.plan
+    run = compiled_for(plan, ("glm", factor, plate.name), lambda: _build(plan, factor, plate))
+    if run is None:
+        return None
+    _, mean = natural_and_mean(result)
+    loo_lpd, lpd, kl, diagnostic = (np.asarray(x, dtype=np.float64) for x in run(mean))
+    return Influence(factor, plate.name, loo_lpd, lpd, kl, diagnostic, "glm", 0)
+
+
+def _build(plan: Any, factor: str, plate: Any) -> Optional[Any]:
+    """The compiled pass ``mean -> (loo_lpd, lpd, kl, k)``, or None for a factor that is not a GLM."""
     found = linear_predictor(plan, factor)
     if found is None:
         return None
@@ -102,32 +114,31 @@ def glm_influence(result: Any, factor: str, plate: Any) -> Optional[Influence]:
     design, offset = jnp.asarray(predictor.design), jnp.asarray(predictor.offset)
     if design.shape[0] != plate.size:
         return None  # several elements per plate position: not one predictor per observation
-    _, mean = natural_and_mean(result)
-    blocks = _directions(design, names, slices, mean)
-    s = offset + sum(b[0] for b in blocks)
-    u = sum(b[1] for b in blocks)
 
     def log_lik(eta):
         return predictor.log_likelihood(eta, None)
 
     nodes, weights = hermite_rule(PREDICTOR_POINTS)  # the fit's own rule: the fit's site parameters
-    _, g, second = predictor_expectations(log_lik, s, u, nodes, weights)
-    h = -second
-    cavity_s, cavity_u, kl, k = offset, 0.0, 0.0, 0.0
-    for s_b, u_b in blocks:
-        shrink = 1.0 - h * u_b
-        u_new = u_b / shrink
-        s_new = s_b - g * u_b / shrink
-        cavity_s, cavity_u = cavity_s + s_new, cavity_u + u_new
-        kl = kl + 0.5 * (jnp.log(u_new / u_b) + (u_b + (s_b - s_new) ** 2) / u_new - 1.0)
-        k = jnp.maximum(k, h * u_b)
-    valid = (cavity_u > 0) & jnp.isfinite(cavity_s)
-    loo_lpd = _predictive(log_lik, cavity_s, jnp.where(valid, cavity_u, 1.0))
-    lpd = _predictive(log_lik, s, u)
-    diagnostic = jnp.where(valid, k, jnp.inf)
-    as_np = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
-    return Influence(factor, plate.name, np.where(as_np(valid), as_np(loo_lpd), np.nan), as_np(lpd), as_np(kl),
-                     as_np(diagnostic), "glm", 0)
+
+    def run(mean):
+        blocks = _directions(design, names, slices, mean)
+        s = offset + sum(b[0] for b in blocks)
+        u = sum(b[1] for b in blocks)
+        _, g, second = predictor_expectations(log_lik, s, u, nodes, weights)
+        h = -second
+        cavity_s, cavity_u, kl, k = offset, 0.0, 0.0, 0.0
+        for s_b, u_b in blocks:
+            shrink = 1.0 - h * u_b
+            u_new = u_b / shrink
+            s_new = s_b - g * u_b / shrink
+            cavity_s, cavity_u = cavity_s + s_new, cavity_u + u_new
+            kl = kl + 0.5 * (jnp.log(u_new / u_b) + (u_b + (s_b - s_new) ** 2) / u_new - 1.0)
+            k = jnp.maximum(k, h * u_b)  # the tail index of N(s', u') / N(s, u) under N(s, u)
+        valid = (cavity_u > 0) & jnp.isfinite(cavity_s)
+        loo_lpd = _predictive(log_lik, cavity_s, jnp.where(valid, cavity_u, 1.0))
+        return jnp.where(valid, loo_lpd, jnp.nan), _predictive(log_lik, s, u), kl, jnp.where(valid, k, jnp.inf)
+
+    return jax.jit(run)
 
 
 def _predictive(log_lik: Any, mean: Any, var: Any) -> Any:

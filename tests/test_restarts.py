@@ -41,6 +41,17 @@ def test_restarts_in_different_modes_give_large_rhat(mixture_fit):
     assert float(az.rhat(idata, var_names=["mu"])["mu"].max()) > 1.1
 
 
+def test_by_default_only_restarts_at_the_best_optimum_are_chains(mixture_fit):
+    """Relabelled optima (label switching) are equally good but not the same q: left out, not averaged."""
+    result, _ = mixture_fit
+    idata = result.to_arviz(jax.random.key(1), 200)
+    assert 1 <= idata.posterior.sizes["chain"] < 6 and idata.attrs["restarts"] == "same"
+    assert result.restarts.best in idata.posterior.coords["chain"].values
+    assert float(az.rhat(idata, var_names=["mu"])["mu"].max()) < 1.05
+    best = result.to_arviz(jax.random.key(1), 200, restarts="best")
+    assert list(best.posterior.coords["chain"].values) == [result.restarts.best]
+
+
 def test_the_result_is_the_best_restart_and_restart_zero_is_the_plain_run(mixture_fit):
     result, y = mixture_fit
     finals = np.asarray(result.restarts.elbo[:, -1])
