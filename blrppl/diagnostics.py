@@ -70,6 +70,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.infer.util import log_density
 
+from blrppl.draws import compiled_family_draws, compiled_for
 from blrppl.graph.replay import split_latents
 
 #: k below this: q is good (Yao et al. 2018).
@@ -191,19 +192,21 @@ def _importance_draws(
     log |det J| (the scale of their rounding error), and numpyro latent
     site name -> ``(S, *site_shape)`` values in the site's support.
     """
-    plan, state = result.plan, result.state
+    plan = result.plan
     natural = result.natural_params
+    draws = compiled_family_draws(plan, num_samples)(rng_key, natural)
+    # One compiled function per plan: run eagerly, each of the model's
+    # operations would compile on its own (seconds for a mixture on CPU).
+    run = compiled_for(plan, ("log_ratio",), lambda: jax.jit(_log_ratios(plan)))
+    return run(draws, natural, dict(result.state.params))
+
+
+def _log_ratios(plan: Any):
+    """``(draws, natural, params) -> (log_ratio, magnitude, sites)`` over a leading axis of draws."""
     graph = plan.graph
-    keys = jax.random.split(rng_key, max(len(plan.qs), 1))
-    draws = jax.jit(  # compiled: eagerly, a chain family's sampler compiles op by op (seconds)
-        lambda keys, natural: {
-            v: q.family.sample(key, natural[v], (num_samples,)) for key, (v, q) in zip(keys, plan.qs.items())
-        }
-    )(keys, natural)
-    params = dict(state.params)
     dtype = jnp.result_type(float)
 
-    def log_ratio(draw: dict) -> tuple:
+    def log_ratio(draw: dict, natural: dict, params: dict) -> tuple:
         log_q = jnp.zeros((), dtype)
         log_det = jnp.zeros((), dtype)
         magnitude = jnp.zeros((), dtype)
@@ -244,9 +247,7 @@ def _importance_draws(
             magnitude = magnitude + jnp.sum(terms)
         return log_joint + log_det - log_q, magnitude, sites
 
-    # One compiled function: run eagerly, each of the model's operations
-    # would compile on its own (seconds for a mixture on CPU).
-    return jax.jit(jax.vmap(log_ratio))(draws)
+    return jax.vmap(log_ratio, in_axes=(0, None, None))
 
 
 def collapsed_sites(result: Any, q_sites: dict) -> tuple[str, ...]:

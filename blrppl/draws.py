@@ -81,6 +81,17 @@ def latent_draws(plan: Any, natural: dict, rng_key: jax.Array, num_samples: int)
     return to_support(plan, family_draws(plan, natural, rng_key, num_samples))
 
 
+def compiled_family_draws(plan: Any, num_samples: int) -> Callable:
+    """:func:`family_draws` compiled once per plan and ``num_samples``: ``fn(rng_key, natural)``.
+
+    Every consumer of draws from q (ArviZ's posterior, the Pareto-k
+    diagnostic, leave-one-out weights) shares it, so a q's sampler (a Gamma's
+    rejection loop, a chain's backward pass) compiles once per fit.
+    """
+    build = lambda: jax.jit(lambda key, natural: family_draws(plan, natural, key, num_samples))  # noqa: E731
+    return compiled_for(plan, ("family_draws", num_samples), build)
+
+
 def draw(result: Any, rng_key: jax.Array, num_samples: int) -> Draws:
     """``num_samples`` joint draws from ``result``'s q (see the module docstring)."""
     plan = result.plan
@@ -89,8 +100,8 @@ def draw(result: Any, rng_key: jax.Array, num_samples: int) -> Draws:
         graph = plan.graph
         names = tuple(graph.deterministics)
 
-        def run(key, natural, params, data):
-            latents = latent_draws(plan, natural, key, num_samples)
+        def run(family, params, data):
+            latents = to_support(plan, family)
             sites = jax.vmap(lambda values: split_latents(graph, values))(latents)
             if names:
 
@@ -103,5 +114,6 @@ def draw(result: Any, rng_key: jax.Array, num_samples: int) -> Draws:
 
         return jax.jit(run)
 
-    run = compiled_for(plan, ("draw", num_samples), build)
-    return run(rng_key, result.natural_params, dict(result.state.params), model_data(plan))
+    run = compiled_for(plan, ("draw",), build)
+    family = compiled_family_draws(plan, num_samples)(rng_key, result.natural_params)
+    return run(family, dict(result.state.params), model_data(plan))

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from blrppl.choosing import posterior_in_family
-from blrppl.draws import compiled_for, family_draws, to_support
+from blrppl.draws import compiled_family_draws, compiled_for, to_support
 from blrppl.estimators.base import example_latents, q_space_examples
 from blrppl.estimators.exact import exact_estimator
 from blrppl.influence import CHUNK, Influence, inner_sum, natural_and_mean
@@ -108,7 +108,7 @@ def exact_influence(result: Any, factor: str, plate: Any, rng_key: jax.Array, nu
     natural, mean = natural_and_mean(result)
     draws, stats = None, {}
     if method != "exact":
-        draws = _draws(plan, num_samples)(rng_key, natural)
+        draws = compiled_family_draws(plan, num_samples)(rng_key, natural)
         stats = {v: _statistics(qs[v], draws[v]) for v in estimator.neighbours}
     out = run(natural, mean, dict(result.state.params), arrays, stats)
     loo_lpd, lpd, kl, log_ratio = (np.asarray(x, dtype=np.float64) for x in out)
@@ -123,11 +123,6 @@ def exact_influence(result: Any, factor: str, plate: Any, rng_key: jax.Array, nu
             lpd = _logsumexp(log_lik, axis=0) - np.log(num_samples)
     return Influence(factor, plate.name, loo_lpd, lpd, kl, np.asarray(diagnostic, dtype=float), method,
                      0 if method == "exact" else num_samples)
-
-
-def _draws(plan: Any, num_samples: int) -> Any:
-    build = lambda: jax.jit(lambda key, natural: family_draws(plan, natural, key, num_samples))  # noqa: E731
-    return compiled_for(plan, ("family_draws", num_samples), build)
 
 
 def _logsumexp(x: np.ndarray, axis: int) -> np.ndarray:
