@@ -112,7 +112,8 @@ def _fit_one(name: str, entry: Any, args: argparse.Namespace, out: Optional[path
     if result.params:
         lines.append("Point estimates (numpyro.param):")
         lines += param_lines(result.params)
-    lines.append(_convergence(result, args, seconds))
+    lines.append(_convergence(result, seconds))
+    lines += [f"Flag: {flag}" for flag in result.flags]
     if result.restarts is not None:
         finals = ", ".join(f"{float(result.restart(c).elbo[-1]):.6g}" for c in range(result.num_restarts))
         chains = idata.posterior.sizes["chain"]
@@ -121,24 +122,16 @@ def _fit_one(name: str, entry: Any, args: argparse.Namespace, out: Optional[path
             "reached its optimum (KL < 1 nat) and are the ArviZ chains"
         )
     diagnostic = result.pareto_k(jax.random.key(args.seed + 2), num_samples=args.draws)
-    lines.append(
-        f"{diagnostic} (PSIS of q against the model, {args.draws} draws; k < 0.5 good, "
-        "< 0.7 ok, >= 0.7 q misses the posterior)"
-    )
+    lines.append(f"{diagnostic} (PSIS of q against the model, {args.draws} draws; README: Pareto k)")
     print("\n".join(lines[1:]), flush=True)
     if out is not None:
         _write_outputs(result, idata, out, lines, args)
 
 
-def _convergence(result: Any, args: argparse.Namespace, seconds: float) -> str:
+def _convergence(result: Any, seconds: float) -> str:
     steps = len(result.elbo)
     text = f"ELBO after {steps} steps: {float(result.elbo[-1]):.6f} ({seconds:.2f} s with tracing and compilation)"
-    converged = getattr(result, "converged", None)
-    if converged is not None:
-        return f"{text}; {converged}"
-    if steps < args.steps:
-        return f"{text}; converged: the ELBO changed by less than tol = {args.tol:g} in the last step"
-    return f"{text}; not converged within --steps {args.steps} (tol = {args.tol:g}): run more steps"
+    return f"{text}; {result.converged.reason}"
 
 
 def _write_outputs(result: Any, idata: Any, out: pathlib.Path, lines: list, args: argparse.Namespace) -> None:
@@ -199,6 +192,7 @@ def _list(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     """The command line (``python -m blrppl --help``)."""
     from blrppl.choosing import ENGINES
+    from blrppl.engines.base import DEFAULT_RESTARTS
 
     main_parser = argparse.ArgumentParser(prog="python -m blrppl", description=__doc__.splitlines()[0])
     commands = main_parser.add_subparsers(dest="command")
@@ -208,10 +202,20 @@ def parser() -> argparse.ArgumentParser:
         "--algorithm", default=AUTO, choices=[AUTO, *ENGINES], help="the engine (default: chosen from the trace)"
     )
     fit.add_argument("--steps", type=_positive_int, default=200, help="the maximum number of steps")
-    fit.add_argument("--tol", type=_nonnegative_float, default=1e-4, help="stop when the ELBO changes by less")
+    fit.add_argument(
+        "--tol",
+        type=_nonnegative_float,
+        default=1e-4,
+        help="stop once the ELBO changes by at most T relative (Monte Carlo fits: q moves by KL <= T), twice",
+    )
     fit.add_argument("--draws", type=_positive_int, default=1000, help="draws from q for summaries and ArviZ")
     fit.add_argument("--seed", type=int, default=0)
-    fit.add_argument("--restarts", type=_positive_int, default=1, help="fit from this many starts")
+    fit.add_argument(
+        "--restarts",
+        type=_positive_int,
+        default=None,
+        help=f"fit from this many starts (default: {DEFAULT_RESTARTS} for discrete latents, else 1)",
+    )
     fit.add_argument("--out", default=None, help="write posterior.nc, summary.txt, fit.npz and figures here")
     fit.add_argument("--no-plots", action="store_true", help="write no figures")
     fit.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -1,8 +1,8 @@
 """The figures ``python -m blrppl fit --out DIR`` writes, each chosen by what the model's sites are.
 
-- ``elbo.png``: the ELBO after each step (top) and its change per step on a
-  log scale (bottom), with the ``tol`` line: convergence shows as the change
-  falling to the line, however flat the ELBO looks.
+- ``elbo.png``: the ELBO after each step (top) and its relative change per
+  step on a log scale (bottom), with the ``tol`` line: convergence shows as
+  the change falling to the line, however flat the ELBO looks.
 - ``posterior.png``: densities of scalar sites and small vectors (one curve
   per entry), from draws of q.
 - ``forest.png``: sites with a plate (eight schools' ``theta``, a mixture's
@@ -55,8 +55,17 @@ def _kde(x: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return np.exp(-0.5 * z**2).sum(1) / (x.size * bandwidth * math.sqrt(2.0 * math.pi))
 
 
-def plot_elbo(elbo: np.ndarray, path: pathlib.Path, tol: Optional[float] = None) -> pathlib.Path:
-    """``elbo.png``: ``elbo`` is ``(chains, steps)`` (NaN after a chain stopped)."""
+def plot_elbo(
+    elbo: np.ndarray, path: pathlib.Path, tol: Optional[float] = None, monte_carlo: bool = False
+) -> pathlib.Path:
+    """``elbo.png``: ``elbo`` is ``(chains, steps)`` (NaN after a chain stopped).
+
+    The bottom panel is the relative change ``|ELBO_t - ELBO_(t-1)| / |ELBO_t|``,
+    the quantity ``tol`` bounds for fits with exact or deterministic site
+    parameters (:func:`blrppl.blr.driver.run`). For Monte Carlo fits
+    (``monte_carlo``) ``tol`` bounds the averaged q's movement instead, so no
+    ``tol`` line is drawn.
+    """
     plt = _pyplot()
     elbo = np.atleast_2d(np.asarray(elbo, dtype=float))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(6, 5), sharex=True)
@@ -65,7 +74,8 @@ def plot_elbo(elbo: np.ndarray, path: pathlib.Path, tol: Optional[float] = None)
         keep = np.isfinite(trace)
         style = dict(lw=1.5, marker="o" if keep.sum() < 30 else None, ms=3)
         top.plot(steps[keep], trace[keep], **style, label=f"chain {c}" if len(elbo) > 1 else None)
-        change = np.abs(np.diff(trace[keep]))
+        kept = trace[keep]
+        change = np.abs(np.diff(kept)) / np.maximum(np.abs(kept[1:]), 1e-300)
         if change.size:
             bottom.semilogy(steps[keep][1:], np.maximum(change, 1e-16), **style)
     finite = elbo[np.isfinite(elbo)]
@@ -76,12 +86,14 @@ def plot_elbo(elbo: np.ndarray, path: pathlib.Path, tol: Optional[float] = None)
     top.set_title("ELBO after each step (higher is better)")
     if len(elbo) > 1:
         top.legend(fontsize=7)
-    if tol is not None:
+    if tol is not None and not monte_carlo:
         bottom.axhline(tol, color="k", ls="--", lw=1, label=f"tol = {tol:g}")
         bottom.legend(fontsize=7)
+    elif monte_carlo:
+        bottom.set_title("Monte Carlo fit: tol bounds the averaged q's movement, not this change", fontsize=8)
     if elbo.shape[1] < 2:
         bottom.text(0.5, 0.5, "one step: nothing to converge", ha="center", va="center", transform=bottom.transAxes)
-    bottom.set_ylabel("|ELBO change|")
+    bottom.set_ylabel("|ELBO change| / |ELBO|")
     bottom.set_xlabel("step")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -304,7 +316,8 @@ def plot_mixture(result: Any, name: str, draws: np.ndarray, observed: str, sampl
 
 def write_plots(result: Any, idata: Any, out: pathlib.Path, rng_key: Any, tol: Optional[float] = None) -> list:
     """Write every figure that applies to ``result``'s model into ``out``; returns the paths."""
-    written = [plot_elbo(idata.sample_stats["elbo"].values, out / "elbo.png", tol)]
+    elbo = idata.sample_stats["elbo"].values
+    written = [plot_elbo(elbo, out / "elbo.png", tol, result.converged.monte_carlo)]
     sites = Sites(result, idata.posterior)
     if sites.small:
         written.append(plot_densities(sites.small, out / "posterior.png"))

@@ -42,11 +42,14 @@ class Convergence(NamedTuple):
       stopped: ``tol`` stopped the run before ``num_steps``.
       reason: in words: the criterion met, or why the run did not stop.
       num_steps: the number of steps run.
+      monte_carlo: the criterion was the averaged q's movement (Monte Carlo
+        site parameters), not the ELBO's relative change.
     """
 
     stopped: bool
     reason: str
     num_steps: int
+    monte_carlo: bool = False
 
     def __bool__(self) -> bool:
         return bool(self.stopped)
@@ -55,14 +58,14 @@ class Convergence(NamedTuple):
     def of(cls, stopped: bool, tol: Optional[float], num_steps: int, noisy: bool) -> "Convergence":
         """The record of a run (see :func:`blrppl.blr.driver.run` for the criteria)."""
         if tol is None:
-            return cls(False, "no tol given: the run took every step asked for", num_steps)
+            return cls(False, "no tol given: the run took every step asked for", num_steps, noisy)
         if noisy:
             criterion = f"the averaged q moved by at most KL {tol:g} per block over two windows of steps"
         else:
             criterion = f"the ELBO changed by at most {tol:g} relative, two steps in a row"
         if stopped:
-            return cls(True, f"converged: {criterion}", num_steps)
-        return cls(False, f"not converged in {num_steps} steps: {criterion} did not hold; run longer", num_steps)
+            return cls(True, f"converged: {criterion}", num_steps, noisy)
+        return cls(False, f"not converged in {num_steps} steps: {criterion} did not hold; run longer", num_steps, noisy)
 
 
 class BLRResult(NamedTuple):
