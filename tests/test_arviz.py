@@ -103,7 +103,7 @@ def test_predictive_with_the_guide_matches_the_predictive_mean_under_q(rng_key):
     result = engine.run(rng_key, 100, X, progress_bar=False, tol=1e-10, **kwargs)
     num_samples = 2000
     predictive = numpyro.infer.Predictive(entry.model, guide=engine.guide(result), num_samples=num_samples)
-    draws = predictive(jax.random.key(3), X)
+    draws = jax.jit(predictive)(jax.random.key(3), X)
     assert draws["y"].shape == (num_samples, X.shape[0])
     expected = result.posterior["alpha"].mean + X @ result.posterior["beta"].mean
     y = np.asarray(draws["y"])
@@ -187,9 +187,14 @@ def em_model(*, y=None):
         numpyro.sample("y", dist.Normal(mu + shifts[jnp.arange(y.shape[0]) % 2], sigma), obs=y)
 
 
-def test_parameters_are_in_constant_data(rng_key):
+@pytest.fixture(scope="module")
+def em_fit():
     y = 2.0 + 0.5 * jax.random.normal(jax.random.key(5), (40,))
-    result = blrppl.EM(em_model).run(rng_key, 100, y=y, progress_bar=False, tol=1e-10)
+    return blrppl.EM(em_model).run(jax.random.key(0), 100, y=y, progress_bar=False, tol=1e-10)
+
+
+def test_parameters_are_in_constant_data(em_fit):
+    result = em_fit
     idata = result.to_arviz(jax.random.key(1), 100)
     data = idata.constant_data
     np.testing.assert_allclose(float(data["sigma"]), float(result.params["sigma"]))
@@ -233,23 +238,22 @@ def local_level(num_steps=None, *, y=None):
 def test_predictive_takes_get_samples_of_a_chain_model(rng_key):
     y = jnp.cumsum(0.3 * jax.random.normal(jax.random.key(7), (T,))) + 0.5 * jax.random.normal(jax.random.key(8), (T,))
     result = blrppl.ConjugateBayes(local_level).run(rng_key, 1, y=y, progress_bar=False)
-    samples = result.get_samples(jax.random.key(1), 500)
-    assert samples["level"].shape == (500, T) and samples["level0"].shape == (500,)  # the model's sites
-    draws = numpyro.infer.Predictive(local_level, posterior_samples=samples)(jax.random.key(2), num_steps=T)
-    assert draws["y"].shape == (500, T)
-    z = (draws["y"].mean(0) - samples["level"].mean(0)) / (0.5 / np.sqrt(500))
+    samples = result.get_samples(jax.random.key(1), 400)
+    assert samples["level"].shape == (400, T) and samples["level0"].shape == (400,)  # the model's sites
+    predictive = numpyro.infer.Predictive(local_level, posterior_samples=samples)
+    draws = jax.jit(lambda key: predictive(key, num_steps=T))(jax.random.key(2))  # jitted, as numpyro advises
+    assert draws["y"].shape == (400, T)
+    z = (draws["y"].mean(0) - samples["level"].mean(0)) / (0.5 / np.sqrt(400))
     assert np.all(np.abs(z) < 5)  # y_t ~ Normal(level_t, 0.5) around the posterior draws
-    log_lik = numpyro.infer.log_likelihood(local_level, samples, y=y)
-    assert log_lik["y"].shape == (500, T)
-    idata = result.to_arviz(jax.random.key(3), 200)
+    log_lik = jax.jit(lambda s: numpyro.infer.log_likelihood(local_level, s, y=y))(samples)
+    assert log_lik["y"].shape == (400, T)
+    idata = result.to_arviz(jax.random.key(3), 400)  # the same number of draws: the sampler compiled once
     assert idata.posterior["level"].dims == ("chain", "draw", "time")
     assert idata.observed_data["y"].dims == ("time",) and idata.log_likelihood["y"].dims == ("chain", "draw", "time")
 
 
-def test_print_summary_lists_every_site_and_the_parameters(rng_key, capsys):
-    y = 2.0 + 0.5 * jax.random.normal(jax.random.key(5), (40,))
-    result = blrppl.EM(em_model).run(rng_key, 50, y=y, progress_bar=False, tol=1e-10)
-    result.print_summary()
+def test_print_summary_lists_every_site_and_the_parameters(em_fit, capsys):
+    em_fit.print_summary(num_samples=100)
     out = capsys.readouterr().out
     for text in ("mean", "std", "median", "5.0%", "95.0%", "mu", "Point estimates", "sigma =", "shifts", "ELBO after"):
         assert text in out, text
