@@ -205,7 +205,7 @@ def parser() -> argparse.ArgumentParser:
     fit.add_argument(
         "--tol",
         type=_nonnegative_float,
-        default=1e-4,
+        default=1e-6,
         help="stop once the ELBO changes by at most T relative (Monte Carlo fits: q moves by KL <= T), twice",
     )
     fit.add_argument("--draws", type=_positive_int, default=1000, help="draws from q for summaries and ArviZ")

@@ -226,7 +226,10 @@ def plot_chains(chains: list, observations: dict, path: pathlib.Path) -> pathlib
             ax.set_title(f"observed {obs_name}", fontsize=9)
         elif kind == "states":
             frequency = np.stack([(payload == k).mean(0) for k in range(int(payload.max()) + 1)])
-            ax.stackplot(np.arange(frequency.shape[1]), frequency, labels=[f"state {k}" for k in range(len(frequency))])
+            t, below = np.arange(frequency.shape[1]), np.zeros(frequency.shape[1])
+            for k, share in enumerate(frequency):  # steps: a state holds for a whole time step
+                ax.fill_between(t, below, below + share, step="mid", color=f"C{k % 10}", label=f"state {k}")
+                below = below + share
             ax.set_ylim(0, 1)
             ax.set_title(f"{label}: probability of each state", fontsize=9)
             ax.legend(fontsize=7, loc="upper right")
