@@ -35,15 +35,17 @@ def run(*args, timeout=300):
     )
 
 
-@pytest.mark.slow  # every zoo model traced and compiled once, in one process (~2-3 min of one core)
-def test_every_zoo_model_fits_with_the_default_engine(tmp_path):
-    """``python -m blrppl fit all``: exit code, engine, parameters, summary and files of each model."""
-    out = run("fit", "all", "--steps", "2", "--draws", "50", "--quiet", "--out", str(tmp_path), timeout=1200)
+@pytest.mark.slow  # every zoo model traced and compiled once: ~3 min of one core, so two halves for two workers
+@pytest.mark.parametrize("half", [0, 1])
+def test_every_zoo_model_fits_with_the_default_engine(half, tmp_path):
+    """``python -m blrppl fit A B ...``: exit code, engine, parameters, summary and files of each model."""
+    names = sorted(ZOO)[half::2]
+    out = run("fit", *names, "--steps", "2", "--draws", "50", "--quiet", "--out", str(tmp_path), timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Traceback" not in out.stderr
     blocks = re.split(r"^(?=Fitting )", out.stdout, flags=re.M)[1:]
     fitted = {block.split()[1]: block for block in blocks}
-    assert set(fitted) == set(ZOO)
+    assert sorted(fitted) == names
     for name, block in fitted.items():
         folder = tmp_path / name
         assert "(chosen from the trace: " in block.splitlines()[0], name
@@ -61,12 +63,21 @@ def test_every_zoo_model_fits_with_the_default_engine(tmp_path):
             assert sorted(saved) == sorted(PARAMS[name])
             idata = az.from_netcdf(str(folder / "posterior.nc"))
             assert sorted(idata.constant_data.data_vars) == sorted(PARAMS[name])
-    assert (tmp_path / "gaussian_mixture" / "mixture.png").exists()
-    assert "Restarts: final ELBOs" in fitted["gaussian_mixture"]  # discrete latents: restarts by default
-    for chain_model in ("linear_gaussian_ssm", "nile", "hmm", "stochastic_volatility"):
-        assert (tmp_path / chain_model / "chains.png").exists(), chain_model
-    assert (tmp_path / "radon" / "forest.png").exists()
-    assert "x: 120 entries" in fitted["linear_gaussian_ssm"]  # a chain condensed to one line
+    expected_files = {
+        "gaussian_mixture": "mixture.png",
+        "linear_gaussian_ssm": "chains.png",
+        "nile": "chains.png",
+        "hmm": "chains.png",
+        "stochastic_volatility": "chains.png",
+        "radon": "forest.png",
+    }
+    for name, file in expected_files.items():
+        if name in fitted:
+            assert (tmp_path / name / file).exists(), (name, file)
+    if "gaussian_mixture" in fitted:
+        assert "Restarts: final ELBOs" in fitted["gaussian_mixture"]  # discrete latents: restarts by default
+    if "linear_gaussian_ssm" in fitted:
+        assert "x: 120 entries" in fitted["linear_gaussian_ssm"]  # a chain condensed to one line
 
 
 def normal_mean(*, y=None):
