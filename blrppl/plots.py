@@ -222,9 +222,14 @@ def plot_chains(chains: list, observations: dict, path: pathlib.Path) -> pathlib
         if kind == "data":
             obs_name, values = payload
             values = np.asarray(values)
-            ax.plot(np.arange(values.shape[0]), values.reshape(values.shape[0], -1), ".", ms=3)
+            values = values.reshape(values.shape[0], -1)[:, :4]  # at most four series
+            ax.plot(np.arange(values.shape[0]), values, ".", ms=3)
             ax.set_title(f"observed {obs_name}", fontsize=9)
         elif kind == "states":
+            batch = int(np.prod(payload.shape[2:]))
+            if batch > 1:  # a batch of chains (several sequences): the first one
+                payload = payload.reshape(payload.shape[:2] + (batch,))[..., 0]
+                label = f"{label} (sequence 0 of {batch})"
             frequency = np.stack([(payload == k).mean(0) for k in range(int(payload.max()) + 1)])
             t, below = np.arange(frequency.shape[1]), np.zeros(frequency.shape[1])
             for k, share in enumerate(frequency):  # steps: a state holds for a whole time step
