@@ -143,8 +143,6 @@ def family_for_distribution(d: dist.Distribution) -> Optional[str]:
     name = default_family_name(d)
     if name is None or get_family(name).chain:
         return None
-    if isinstance(common.unwrap(d), dist.Normal) and len(d.event_shape) > 1:
-        return None  # a Gaussian over several event axes has no family of its own here
     if name == "Categorical" and not isinstance(common.unwrap(d), CATEGORICAL.prior_types):
         return None
     return name
