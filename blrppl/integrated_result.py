@@ -20,6 +20,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import numpyro
 import numpyro.distributions as dist
 
@@ -415,11 +416,39 @@ class IntegratedResult:
 
         return guide
 
-    def to_arviz(self, rng_key: Optional[jax.Array] = None, num_samples: int = 1000, **kwargs: Any):
-        """The fit as ``arviz.InferenceData`` (draws from the mixture; see :func:`blrppl.arviz_io.to_arviz`)."""
-        from blrppl.arviz_io import to_arviz
+    def to_arviz(
+        self,
+        rng_key: Optional[jax.Array] = None,
+        num_samples: int = 1000,
+        *,
+        coords: Optional[dict] = None,
+        dims: Optional[dict] = None,
+        log_likelihood: bool = True,
+    ):
+        """The fit as ``arviz.InferenceData``: joint draws from the mixture (one chain).
 
-        return to_arviz(self, rng_key, num_samples, **kwargs)
+        ``posterior`` holds every sample and deterministic site
+        (:meth:`sample`), ``log_likelihood`` the pointwise log likelihood of
+        each draw (numpyro's ``log_likelihood``), ``observed_data`` the
+        observations and ``sample_stats`` the ELBO of the mode search.
+        """
+        from numpyro.infer.util import log_likelihood as pointwise
+
+        from blrppl.arviz_io import import_arviz, observed_factors
+
+        az = import_arviz()
+        rng_key = jax.random.key(0) if rng_key is None else rng_key
+        draws = {k: np.asarray(v) for k, v in self.sample(rng_key, num_samples).items()}
+        graph = self.graph
+        groups = {"posterior": {k: v[None] for k, v in draws.items()}}
+        if log_likelihood:
+            lik = pointwise(graph.model, draws, *graph.model_args, **graph.model_kwargs)
+            groups["log_likelihood"] = {k: np.asarray(v)[None] for k, v in lik.items()}
+        groups["observed_data"] = {n: np.asarray(graph.factors[n].value) for n in observed_factors(graph)}
+        groups["sample_stats"] = {"elbo": np.asarray(self.elbo)[None, None, :]}
+        return az.from_dict(
+            **groups, coords=coords, dims={**(dims or {}), "elbo": ["step"]}
+        )
 
     def pareto_k(self, rng_key: jax.Array, num_samples: int = 1000):
         """PSIS Pareto-k of the mixture against the model (see :func:`pareto_k`)."""
