@@ -8,6 +8,47 @@ jax.config.update("jax_enable_x64", True)
 matplotlib.use("Agg")
 
 
+# Tests that take many seconds each (compilation-bound fits of whole models,
+# NUTS comparisons from earlier rounds, parametrised variants of a fast case
+# that stays in the default run). They carry the ``slow`` marker, which the
+# default run deselects (setup.cfg); ``pytest -m slow`` runs them.
+SLOW = (
+    "tests/test_calibration.py::test_exact_posteriors_are_calibrated[beta_bernoulli]",
+    "tests/test_calibration.py::test_exact_posteriors_are_calibrated[ridge]",
+    "tests/engines/test_robustness.py::test_likelihoods_without_conjugate_structure",
+    "tests/engines/test_robustness.py::test_broad_priors_land_on_the_posterior[poisson_s5]",
+    "tests/engines/test_robustness.py::test_broad_priors_land_on_the_posterior[poisson_s10]",
+    "tests/engines/test_robustness.py::test_broad_priors_land_on_the_posterior[logistic_s5]",
+    "tests/engines/test_robustness.py::test_broad_priors_land_on_the_posterior[logistic_s10]",
+    "tests/estimators/test_exact.py::test_point_mass_expectation_is_numpyro_log_prob",
+    "tests/engines/test_svi.py::test_both_modes_reach_the_vmp_fixed_point_on_a_mixture",
+    "tests/engines/test_chain_nonconjugate.py::test_hmm_with_a_halfnormal_scale_is_exact_in_the_chain_and_means",
+    "tests/engines/test_chain_nonconjugate.py::test_stochastic_volatility_matches_nuts",
+    "tests/engines/test_chain_nonconjugate.py::test_poisson_counts_on_a_random_walk_level",
+    "tests/families/test_chain_gaussian_passes.py::test_chain_gaussian_matches_dense_conditioning[2-parallel]",
+    "tests/estimators/test_linear_predictor.py::test_several_mean_field_neighbours_share_one_predictor",
+    "tests/engines/test_state_space.py::test_vector_state_smoother_equals_dense_conditioning[scan-parallel]",
+    "tests/engines/test_gp.py",
+    "tests/engines/test_nuts_references.py",
+    "tests/engines/test_nonconjugate.py::test_laplace_equals_newton_at_a_verified_map",
+    "tests/engines/test_nonconjugate.py::test_poisson_regression_with_quadrature_matches_monte_carlo",
+    "tests/engines/test_nonconjugate.py::test_blocks_keep_correlations_between_sites",
+    "tests/engines/test_hmm.py::test_vmp_on_the_zoo_hmm_recovers_the_regimes",
+    "tests/test_data_as_arguments.py::test_second_run_on_new_data_equals_a_fresh_fit[radon]",
+    "tests/test_data_as_arguments.py::test_second_run_on_new_data_equals_a_fresh_fit[local_level_scan]",
+    "tests/test_data_as_arguments.py::test_second_run_on_new_data_equals_a_fresh_fit[logistic_regression]",
+    "tests/engines/test_missing_data.py::test_masked_regression_equals_deletion[NonConjugateVI-mask]",
+    "tests/engines/test_missing_data.py::test_masked_regression_equals_deletion[VMP-obs_mask]",
+    "tests/test_restarts.py::test_restarts_in_different_modes_give_large_rhat",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def rng_key():
     """A fixed key; never date-based, never tuned to pass."""

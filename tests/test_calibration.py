@@ -63,10 +63,10 @@ def test_batches_need_a_common_leading_axis(rng_key):
 )
 def test_exact_posteriors_are_calibrated(model, args, kwargs, rng_key):
     calibration = simulation_based_calibration(
-        blrppl.ConjugateBayes(model), rng_key, 100, *args, observed=("y",), num_steps=5, **kwargs
+        blrppl.ConjugateBayes(model), rng_key, 60, *args, observed=("y",), num_steps=5, **kwargs
     )
     for site, ranks in calibration.ranks.items():
-        assert ranks.shape[0] == 100 and ranks.min() >= 0 and ranks.max() <= calibration.num_draws
+        assert ranks.shape[0] == 60 and ranks.min() >= 0 and ranks.max() <= calibration.num_draws
     pvalues = calibration.chi_square()
     assert min(pvalues.values()) > 0.01, pvalues
 

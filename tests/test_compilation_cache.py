@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 FIT = """
 import jax, numpy as np, blrppl
 from models import ZOO
@@ -18,6 +20,7 @@ def _fit_in_a_fresh_process(cache, tmp_path):
     subprocess.run([sys.executable, "-c", FIT], check=True, env=env, cwd=os.getcwd(), timeout=300)
 
 
+@pytest.mark.slow  # compilation-bound, a few subprocess or long Monte Carlo fits
 def test_the_environment_variable_turns_on_a_cache_that_a_second_process_reuses(tmp_path):
     cache = tmp_path / "cache"
     _fit_in_a_fresh_process(cache, tmp_path)

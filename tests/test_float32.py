@@ -161,6 +161,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow  # compilation-bound, a few subprocess or long Monte Carlo fits
 def test_broad_priors_in_float32_land_on_the_posterior():
     """Coefficient priors Normal(0, 100) and the scalar Poisson, in a float32 process: within
     0.1 NUTS sd and 20% of NUTS's sd, as in float64 (tests/engines/test_robustness.py)."""

@@ -97,6 +97,7 @@ def test_multimodal_models_start_from_several_points_by_default(rng_key):
     assert any("different optima" in flag for flag in default.flags)
 
 
+@pytest.mark.slow  # compilation-bound, a few subprocess or long Monte Carlo fits
 def test_monte_carlo_stopping_is_reproducible_and_close_to_a_long_run():
     """Eight schools with Monte Carlo site parameters: the window-KL rule stops the same way twice,
     at an answer within 0.05 sd of a long run's (another key), not at a noisy step."""
