@@ -40,6 +40,17 @@ SLOW = (
     "tests/engines/test_missing_data.py::test_masked_regression_equals_deletion[NonConjugateVI-mask]",
     "tests/engines/test_missing_data.py::test_masked_regression_equals_deletion[VMP-obs_mask]",
     "tests/test_restarts.py::test_restarts_in_different_modes_give_large_rhat",
+    "tests/test_examples.py::test_example_runs[arviz_diagnostics]",
+    "tests/test_examples.py::test_example_runs[svi_minibatch]",
+    "tests/test_examples.py::test_example_runs[em_mixture]",
+    "tests/test_examples.py::test_example_runs[nonconjugate_hierarchical]",
+    "tests/engines/test_integrated.py::test_nile_with_both_scales_unknown_is_the_quadrature",
+    "tests/test_data_as_arguments.py::test_second_run_on_new_data_equals_a_fresh_fit[hmm]",
+    "tests/engines/test_missing_data.py::test_masked_mixture_equals_deletion[obs_mask]",
+    "tests/engines/test_matrix_latent.py::test_matrix_latent_in_a_nonconjugate_fit_keeps_its_shape",
+    "tests/engines/test_hmm.py::test_em_is_baum_welch_step_by_step",
+    "tests/families/test_float32.py::test_chain_families_in_float32",
+    "tests/engines/test_state_space.py::test_sequential_and_parallel_smoothers_agree_in_the_engine",
 )
 
 
