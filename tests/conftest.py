@@ -51,12 +51,33 @@ SLOW = (
     "tests/engines/test_hmm.py::test_em_is_baum_welch_step_by_step",
     "tests/families/test_float32.py::test_chain_families_in_float32",
     "tests/engines/test_state_space.py::test_sequential_and_parallel_smoothers_agree_in_the_engine",
+    "tests/test_data_as_arguments.py::test_second_run_on_new_data_equals_a_fresh_fit[hmm_enum]",
+    "tests/test_data_as_arguments.py::test_second_run_on_new_data_equals_a_fresh_fit[gaussian_mixture]",
+    "tests/test_data_as_arguments.py::test_second_run_on_new_data_equals_a_fresh_fit[local_level_in_scan]",
+    "tests/test_calibration.py::test_exact_posteriors_are_calibrated[normal_known_variance]",
+    "tests/test_float32.py::test_vmp_in_float32_is_finite_and_close_to_float64",
+    "tests/engines/test_hmm.py::test_side_by_side_chains_are_independent_sequences",
+    "tests/engines/test_hmm.py::test_a_constant_initial_carry_starts_the_chain",
+    "tests/engines/test_hmm.py::test_vmp_draws_joint_chains",
+    "tests/engines/test_hmm.py::test_vmp_site_parameters_are_exact",
+    "tests/engines/test_state_space.py::test_vector_state_smoother_equals_dense_conditioning[scan-sequential]",
+    "tests/engines/test_disguised_families.py::test_log_mix_with_a_beta_weight_is_exact",
+    "tests/engines/test_enumeration_meanfield.py",
+    "tests/test_examples.py::test_state_space_example_writes_the_nile_figure",
+    "tests/estimators/test_gaussian_estimators.py::test_monte_carlo_on_several_blocks",
+    "tests/families/test_chain_gaussian_family.py::test_from_numpyro_dense_block_tridiagonal_mvn",
+    "tests/families/test_chain_gaussian_family.py::test_from_numpyro_gaussian_state_space",
+    "tests/test_restarts.py::test_unimodal_model_gives_rhat_near_one",
 )
+# The parallel-in-time (associative scan) chain passes compile slowly on a CPU
+# and are meant for accelerators; their sequential twins stay in the default run.
+SLOW_PARALLEL = ("tests/families/test_chain_gaussian", "tests/engines/test_state_space.py")
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.nodeid.startswith(SLOW):
+        parallel = item.nodeid.startswith(SLOW_PARALLEL) and "parallel" in item.nodeid.split("[")[-1]
+        if item.nodeid.startswith(SLOW) or parallel:
             item.add_marker(pytest.mark.slow)
 
 
