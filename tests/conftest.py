@@ -68,6 +68,9 @@ SLOW = (
     "tests/families/test_chain_gaussian_family.py::test_from_numpyro_dense_block_tridiagonal_mvn",
     "tests/families/test_chain_gaussian_family.py::test_from_numpyro_gaussian_state_space",
     "tests/test_restarts.py::test_unimodal_model_gives_rhat_near_one",
+    "tests/estimators/test_linear_predictor.py::test_glm_site_parameters_equal_tensor_quadrature",
+    "tests/engines/test_vmp.py::test_elbo_never_decreases_on_the_gaussian_mixture",
+    "tests/engines/test_matrix_latent.py::test_conjugate_bayes_is_the_exact_joint_posterior",
 )
 # The parallel-in-time (associative scan) chain passes compile slowly on a CPU
 # and are meant for accelerators; their sequential twins stay in the default run.
