@@ -22,8 +22,6 @@ two Gaussians N(s', u') / N(s, u) has k = 1 - u / u').
 
 from __future__ import annotations
 
-import itertools
-import math
 from typing import Any, Optional
 
 import jax
@@ -32,12 +30,10 @@ import numpy as np
 from jax.scipy.special import logsumexp
 
 from blrppl.draws import compiled_for
-from blrppl.estimators.base import example_latents, factor_log_density, owner, q_space_examples
-from blrppl.estimators.linear_predictor import find_linear_predictor
-from blrppl.estimators.nonconjugate import PREDICTOR_POINTS
+from blrppl.estimators.base import example_latents, q_space_examples
+from blrppl.estimators.nonconjugate import PREDICTOR_POINTS, glm_linear_predictor
 from blrppl.estimators.quadrature import hermite_rule, predictor_expectations
 from blrppl.families.mvn import MVNStats
-from blrppl.graph.data import DATA_ERRORS
 from blrppl.influence import GLM_POINTS, Influence, natural_and_mean
 
 
@@ -49,33 +45,11 @@ def linear_predictor(plan: Any, factor: str) -> Optional[tuple]:
     neighbours' values, split into ℓ(A z + o).
     """
     graph, qs = plan.graph, plan.qs
-    node = graph.factors[factor]
-    names = tuple(node.neighbours)
-    for v in names:
-        q = qs[v]
-        if not q.family.gaussian or q.family.chain or q.transform is not None or owner(graph, factor) == v:
-            return None
-        if q.family.event_ndim == 1 and q.num_batch:
-            return None
-    if node.param_neighbours:
-        return None
     transforms = {v: q.transform for v, q in qs.items() if q.transform is not None}
     examples = q_space_examples(example_latents(graph), transforms)
-    fixed = {k: v for k, v in examples.items() if k not in names}
-    sizes = [math.prod(qs[v].shape) for v in names]
-    bounds = np.cumsum([0] + sizes)
-    slices = tuple(slice(int(a), int(b)) for a, b in itertools.pairwise(bounds))
-    per_element = factor_log_density(graph, factor, transforms, fixed, use_canonical=False, elementwise=True)
-
-    def fn(z, data):
-        return per_element({v: jnp.reshape(z[sl], qs[v].shape) for v, sl in zip(names, slices)}, {}, data)
-
-    z0 = jnp.concatenate([jnp.ravel(jnp.asarray(examples[v], dtype=float)) for v in names])
-    try:
-        predictor = find_linear_predictor(fn, z0, graph.data.arrays)
-    except DATA_ERRORS:
-        predictor = find_linear_predictor(lambda z, data: fn(z, None), z0)
-    return None if predictor is None else (predictor, names, slices)
+    fixed = {k: v for k, v in examples.items() if k not in graph.factors[factor].neighbours}
+    found = glm_linear_predictor(graph, factor, qs, examples, transforms, fixed)
+    return None if found is None else found[:3]
 
 
 def _directions(design: Any, names: tuple, slices: tuple, mean: dict) -> list:

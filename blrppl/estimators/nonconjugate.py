@@ -110,7 +110,7 @@ def nonconjugate_estimator(
     transforms = {v: q.transform for v, q in qs.items() if q.transform is not None}
     fixed = {k: v for k, v in examples.items() if k not in neighbours}
     if method in ("auto", "quadrature") and gaussians and not others and not discrete:
-        found = _linear_predictor(graph, factor, qs, examples, transforms, fixed)
+        found = glm_linear_predictor(graph, factor, qs, examples, transforms, fixed)
         if found is not None:
             return _predictor_estimator(factor, qs, *found)
     if discrete:
@@ -313,11 +313,13 @@ def _separable_in_time(log_density, examples, neighbours, v, num_axes: int = 1, 
     return True
 
 
-def _linear_predictor(graph, factor, qs, examples, transforms, fixed):
+def glm_linear_predictor(graph, factor, qs, examples, transforms, fixed):
     """A GLM structure η = A z + o of the factor in its Gaussian neighbours, if any.
 
     z concatenates the neighbours' values (each a full block, or independent
-    Normal elements); returns ``(predictor, names, slices)`` or None.
+    Normal elements); returns ``(predictor, names, slices, closed)`` or None,
+    ``closed`` when the data had to be analysed as constants. Shared with
+    :mod:`blrppl.influence_glm`.
     """
     node = graph.factors[factor]
     names = tuple(node.neighbours)
