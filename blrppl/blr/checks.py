@@ -66,6 +66,42 @@ def boundary_estimates(plan: Any, e_step: Any, state: Any, elbo: float) -> tuple
     return tuple(flags)
 
 
+#: Fewest steps before a steady climb of the ELBO can be told from a slow convergence.
+CLIMB_MIN_STEPS = 40
+
+
+def steady_climb(elbo: Any, stopped: bool) -> tuple[str, ...]:
+    """A flag when an unfinished run's ELBO was still rising at an undiminished rate.
+
+    A fit converging towards an interior optimum gains less with every step
+    (increments decay geometrically); a q drifting towards a boundary of its
+    support, where the likelihood is unbounded (a scale collapsing onto
+    identical observations under a prior that stays positive at zero), gains
+    about the same amount per step for ever. When the run did not stop, its
+    last quarter gained at least 70% as much per step as the quarter before,
+    every step of it gained, and the last half gained over one nat, the
+    answer is flagged instead of being returned as a slow convergence.
+    """
+    elbo = jnp.asarray(elbo)
+    n = int(elbo.size)
+    if stopped or n < CLIMB_MIN_STEPS or not bool(jnp.all(jnp.isfinite(elbo))):
+        return ()
+    quarter = n // 4
+    gains = jnp.diff(elbo[-2 * quarter - 1 :])
+    before, last = gains[:quarter], gains[quarter:]
+    rate_before, rate_last = float(jnp.mean(before)), float(jnp.mean(last))
+    climbing = bool(jnp.all(last > 0)) and rate_before > 0 and rate_last >= 0.7 * rate_before
+    if not climbing or float(elbo[-1] - elbo[-2 * quarter - 1]) <= 1.0:
+        return ()
+    return (
+        f"the ELBO was still rising steadily when the run ended ({rate_last:.3g} per step over the last "
+        f"{len(last)} steps, not slowing down): the fit had not converged, and a climb that does not slow "
+        "is the signature of a q drifting towards a boundary of its support (an improper posterior, e.g. a "
+        "scale collapsing onto identical observations); run longer with tol=... to see whether it settles, "
+        "and if it does not, check the data or give the scale a prior that vanishes at zero",
+    )
+
+
 #: A Gaussian q whose precision passes this has collapsed to a point (on q's space).
 COLLAPSED_PRECISION = 1e16
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from blrppl.blr import driver
 from blrppl.blr.build import build_blr
-from blrppl.blr.checks import boundary_estimates, improper_posterior_error
+from blrppl.blr.checks import boundary_estimates, improper_posterior_error, steady_climb
 from blrppl.blr.config import Config
 from blrppl.blr.plan import Plan, make_plan
 from blrppl.blr.restarts import best_restart, restart_keys
@@ -65,11 +65,15 @@ class Engine:
             self._algorithms[key] = algorithm
         return algorithm
 
-    def _flags(self, plan: Plan, state: Any, elbo: jax.Array) -> tuple[str, ...]:
+    def _flags(self, plan: Plan, state: Any, elbo: jax.Array, stopped: bool) -> tuple[str, ...]:
         """Doubts about a finished fit (see :mod:`blrppl.blr.checks`)."""
-        if not plan.init_params or not len(elbo):
+        if not len(elbo):
             return ()
-        return boundary_estimates(plan, self.build(plan, fixed_params=True), state, float(elbo[-1]))
+        if plan.init_params:
+            boundary = boundary_estimates(plan, self.build(plan, fixed_params=True), state, float(elbo[-1]))
+            if boundary:
+                return boundary
+        return steady_climb(elbo, stopped)
 
     def run(
         self,
@@ -138,7 +142,7 @@ class Engine:
         )
         check_finite(plan, state, elbo)
         convergence = Convergence.of(stopped, tol, len(elbo), algorithm.noisy)
-        flags = self._flags(plan, state, elbo)
+        flags = self._flags(plan, state, elbo, bool(stopped))
         return BLRResult(plan=plan, state=state, elbo=elbo, mode=self.mode, convergence=convergence, flags=flags)
 
     def _run_restarts(self, plan, rng_key, num_steps, num_restarts, init_state, tol, progress_bar) -> BLRResult:
@@ -170,7 +174,7 @@ class Engine:
             state=states, elbo=elbo, num_steps=jnp.asarray(num_run), best=best, finite=jnp.asarray(finite)
         )
         convergence = Convergence.of(bool(stopped[best]), tol, num_run[best], algorithm.noisy)
-        flags = self._flags(plan, state, elbo[best, : num_run[best]]) + disagreement(elbo, num_run, finite)
+        flags = self._flags(plan, state, elbo[best, : num_run[best]], bool(stopped[best])) + disagreement(elbo, num_run, finite)
         return BLRResult(
             plan=plan, state=state, elbo=elbo[best, : num_run[best]], mode=self.mode, restarts=restarts,
             convergence=convergence, flags=flags,
