@@ -84,7 +84,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     guard = _guard(plan) and sub is None
     # One full Gaussian (blocks="all"): any drop of the deterministic ELBO is retried with a
     # smaller ρ, so the run ascends monotonically instead of circling its optimum.
-    slack = STRICT_GUARD_SLACK if config.blocks == "all" else GUARD_SLACK
+    slack = STRICT_GUARD_SLACK if config.blocks == "all" or config.strict_guard else GUARD_SLACK
     newton_start = _newton_start(plan, config) if plan.start_estimators and not random_starts else None
 
     def batch_of(state: BLRState, t: jax.Array) -> Optional[jax.Array]:

@@ -220,13 +220,13 @@ MAX_SCOUTS = 25
 def _choose(model, model_args, model_kwargs, options, memo) -> tuple:
     """:func:`~.hyper.choose_hyper`, or the memo's choice for data of the same shapes.
 
-    The same data (equal digests of every argument's structure and contents)
-    reuse the memo's plan as it is: planning traces the model and analyses
+    The same data and options (equal digests of every argument's structure
+    and contents) reuse the memo's plan as it is: planning traces the model and analyses
     every factor on the host (tens of milliseconds), more than the compiled
     fit itself takes. New data of the same shapes re-plan with the memo's
     choice of h.
     """
-    data_key = ("plan", content_digest((model_args, dict(model_kwargs))))
+    data_key = ("plan", content_digest((model_args, dict(model_kwargs), options)))
     if memo is not None and data_key in memo:
         return memo[data_key]
     key = ("choice", _shapes((model_args, dict(model_kwargs))))
