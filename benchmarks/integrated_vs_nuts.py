@@ -119,6 +119,8 @@ def main():
             rows.append((name, label, f"{first:.2f} s", f"{steady:.3f} s", f"{mean_err:.3f}", f"{sd_err:.3f}",
                          "yes" if ok else "no", ratio))
         print(f"{name}: reference NUTS 4 x {REF_DRAWS} draws in {ref_time:.1f} s", flush=True)
+        for row in rows[-3:]:  # as they come: the whole run takes minutes
+            print("   ", " | ".join(str(c) for c in row[1:]), flush=True)
     header = ("model", "engine", "first call", "steady", "mean err/sd", "sd rel err", "equal accuracy", "NUTS/engine")
     print(table(rows, header))
 
