@@ -4,10 +4,13 @@ mu ~ Normal(0, 2),   sigma ~ HalfNormal(1),   alpha_j ~ Normal(mu, sigma)  (J gr
 beta ~ Normal(0, 2),   y_n ~ Bernoulli(logits = alpha[group_n] + beta x_n)
 
 No set of a few latents makes the Bernoulli likelihood conjugate:
-``blrppl.Integrated(model)`` says so (a ``ModelError``), and
-``Integrated(model, inner="laplace")`` integrates the group scale sigma on a
-grid over Laplace fits of (mu, alpha, beta) given sigma (INLA-like; an
-experimental route whose results are flagged as not validated).
+``blrppl.Integrated(model)`` says so (a ``ModelError``).
+``Integrated(model, inner="vi")`` integrates the group scale sigma on a grid
+over full-Gaussian VI fits of (mu, alpha, beta) given sigma (INLA with
+variational inner fits; within 0.03 sd and 2% of NUTS on ``data()``, see
+``tests/engines/test_integrated.py``). ``inner="laplace"`` (Laplace fits given
+sigma) stays flagged as not validated: its conditional modes put beta's mean
+0.24 posterior sd from NUTS's.
 """
 
 import jax.numpy as jnp

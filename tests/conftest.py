@@ -71,6 +71,9 @@ SLOW = (
     "tests/estimators/test_linear_predictor.py::test_glm_site_parameters_equal_tensor_quadrature",
     "tests/engines/test_vmp.py::test_elbo_never_decreases_on_the_gaussian_mixture",
     "tests/engines/test_matrix_latent.py::test_conjugate_bayes_is_the_exact_joint_posterior",
+    "tests/engines/test_full_gaussian.py::test_eight_schools_reaches_the_full_gaussian_optimum[eight_schools_centered",
+    "tests/engines/test_full_gaussian.py::test_breast_cancer_logistic_reaches",
+    "tests/engines/test_integrated.py::test_hierarchical_logistic_with_variational_inner_fits_matches_nuts",
 )
 # The parallel-in-time (associative scan) chain passes compile slowly on a CPU
 # and are meant for accelerators; their sequential twins stay in the default run.

@@ -61,6 +61,9 @@ class Config(NamedTuple):
         factor estimated by cubature get one full-covariance block (a
         Gaussian process's amplitude, noise and length scale: mean-field
         misses their correlation).
+      strict_guard: with the ELBO guard, retry every step that lowers the
+        ELBO (not only collapses): monotone ascent to a settled optimum
+        (one full Gaussian: ``blocks="all"``, Integrated's VI inner fits).
       name: the preset's name, for messages.
     """
 
@@ -80,6 +83,7 @@ class Config(NamedTuple):
     continuous_only: bool = False
     joint_gaussians: bool = False
     joint_hyperparameters: bool = False
+    strict_guard: bool = False
     name: str = "BLR"
 
 

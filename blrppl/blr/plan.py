@@ -27,7 +27,7 @@ from blrppl.blr.starts import start_arrays
 from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, PlanArrays, example_latents, q_space_examples
 from blrppl.estimators.cubature import MAX_CUBATURE_DIM
-from blrppl.estimators.select import Verdicts, choose_estimator, delta_estimator, with_verdicts
+from blrppl.estimators.select import Verdicts, choose_estimator, delta_estimator, graph_verdicts, with_verdicts
 from blrppl.families import VariableQ
 from blrppl.graph.blocks import as_blocks
 from blrppl.graph.chains import discrete_loop_chain
@@ -135,8 +135,10 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
     if config.continuous_only:
         _check_continuous(graph, config, model)
     blocks = config.blocks
-    if blocks == "all":
+    if blocks == "all" and config.continuous_only:  # Laplace: one Gaussian over every latent
         blocks = [tuple(graph.variables)]
+    elif blocks == "all":
+        blocks = nonconjugate_block(graph)
     elif config.joint_gaussians and not blocks:
         blocks = joint_gaussian_blocks(graph, [s for s in graph.variables if s not in config.point_estimates])
     graph = as_point_estimates(graph, config.point_estimates)
@@ -173,7 +175,10 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
     orphans = {} if plate is not None else orphan_rows(graph, _imputed(graph))
     if orphans:
         estimators = _integrate_orphans(graph, orphans, estimators, qs, examples, init_params, config)
-    start_estimators = _start_estimators(graph, estimators, qs, examples, init_params, config)
+    start_estimators = ()
+    if config.blocks != "all":  # one full Gaussian starts from the prior: a Newton start would chase
+        # the joint mode, which a centred hierarchy has at a group scale of zero
+        start_estimators = _start_estimators(graph, estimators, qs, examples, init_params, config)
     graph = with_verdicts(graph, verdicts)
     if config.posterior_in_family:
         _check_posterior_in_family(graph, estimators, config)
@@ -268,6 +273,45 @@ def joint_gaussian_blocks(graph: FactorGraph, candidates) -> list[tuple[str, ...
         if len(members) > 1 and size <= MAX_JOINT_SIZE:
             out.append(tuple(members))
     return out
+
+
+def nonconjugate_block(graph: FactorGraph) -> list[tuple[str, ...]]:
+    """``blocks="all"`` of NonConjugateVI: one block over the continuous latents of non-conjugate factors.
+
+    Every continuous, non-chain latent that neighbours a factor with a
+    non-conjugate edge (under mean-field q) joins one full Gaussian on the
+    unconstrained space; the others keep their own (exact) q. A single site
+    whose q is already one full Gaussian is left as it is.
+
+    Raises:
+      ModelError: when the block would exceed ``MAX_JOINT_SIZE`` scalars.
+    """
+    qs = {name: variable_q(node, graph.plates) for name, node in graph.variables.items()}
+    transforms = {v: q.transform for v, q in qs.items() if q.transform is not None}
+    examples = q_space_examples(example_latents(graph), transforms)
+    params, _ = param_examples(graph)
+    verdicts = graph_verdicts(graph, qs, {}, examples, params)
+    touching = {
+        v for f, edges in verdicts.items() if any(e.conjugate is False for e in edges.values())
+        for v in graph.factors[f].neighbours
+    }
+    sites = [
+        v for v, node in graph.variables.items()
+        if v in touching and not node.discrete and node.chain is None and node.observed_mask is None
+    ]
+    if not sites:
+        return []
+    if len(sites) == 1:
+        q = qs[sites[0]]
+        if q.family.event_ndim == 1 and q.num_batch == 0 and q.transform is None:
+            return []
+    size = sum(math.prod(qs[v].shape) for v in sites)
+    if size > MAX_JOINT_SIZE:
+        raise ModelError(
+            f"site {sites[0]!r}: blocks='all' would join {size} scalars ({sites}) in one full Gaussian, "
+            f"more than {MAX_JOINT_SIZE}; name smaller blocks=[...] or use the mean-field default."
+        )
+    return [tuple(sites)]
 
 
 def hyperparameter_blocks(graph: FactorGraph) -> tuple:

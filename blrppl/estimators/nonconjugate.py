@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
+from numpyro.distributions.transforms import IdentityTransform
 
 from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, Method, factor_log_density, owner
@@ -325,7 +326,8 @@ def glm_linear_predictor(graph, factor, qs, examples, transforms, fixed):
     names = tuple(node.neighbours)
     for v in names:
         q = qs[v]
-        if not q.family.gaussian or q.family.chain or q.transform is not None or owner(graph, factor) == v:
+        linear = q.transform is None or (q.joint and all(_identity(m.transform) for m in graph.variables[v].members))
+        if not q.family.gaussian or q.family.chain or not linear or owner(graph, factor) == v:
             return None
         if q.family.event_ndim == 1 and q.num_batch:
             return None
@@ -345,6 +347,10 @@ def glm_linear_predictor(graph, factor, qs, examples, transforms, fixed):
     except DATA_ERRORS:  # the model needs concrete data values: analyse it with the data as constants
         predictor, closed = find_linear_predictor(lambda z, data: fn(z, None), z0), True
     return None if predictor is None else (predictor, names, slices, closed)
+
+
+def _identity(transform) -> bool:
+    return transform is None or isinstance(transform, IdentityTransform)
 
 
 def _predictor_estimator(factor: str, qs, predictor: LinearPredictor, names, slices, closed: bool) -> FactorEstimator:

@@ -16,6 +16,7 @@ from typing import Any, Mapping, NamedTuple, Optional, Union
 
 from blrppl.errors import ModelError
 from blrppl.estimators.base import ESTIMATORS, FactorEstimator
+from blrppl.estimators.block_hybrid import block_hybrid_estimator
 from blrppl.estimators.exact import exact_estimator
 from blrppl.estimators.hybrid import hybrid_estimator
 from blrppl.estimators.nonconjugate import nonconjugate_estimator
@@ -160,6 +161,11 @@ def choose_estimator(
             "use an engine with non-conjugate estimators (NonConjugateVI, or BLR with "
             "estimator='mc', 'delta' or 'quadrature') or rewrite the model with conjugate priors."
         )
+    if method in ("auto", "quadrature") and any(qs[v].joint for v in node.neighbours):
+        try:  # one large joint block: exact given its few transformed coordinates, Gauss-Hermite in those
+            return block_hybrid_estimator(graph, name, qs, examples), edges
+        except (NonConjugate, ModelError):
+            pass
     uncertain = tuple(v for v in node.neighbours if edges[v].conjugate is False)
     if 0 < len(uncertain) < len(node.neighbours):
         try:

@@ -10,6 +10,8 @@ so the tests hold it to 1e-3 (moments) and 1e-6 (log p(y)).
 Compiled fits are shared by module-scoped fixtures: one engine per model.
 """
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -123,7 +125,8 @@ def test_new_data_of_the_same_shapes_reuse_the_compiled_fit(schools):
     reference = references.eight_schools(y, centred.SIGMA)
     assert abs(result.log_marginal_likelihood - reference.log_evidence) < EVIDENCE_TOL
     assert_moments(result.posterior, reference, ("mu", "tau", "theta"))
-    assert len(engine._conditionals) == 2  # one compiled conditional fit and one choice of h
+    compiled = [k for k in engine._conditionals if k[:1] != ("plan",)]
+    assert len(compiled) == 2  # one compiled conditional fit and one choice of h (plus plans by data digest)
 
 
 def test_draws_arviz_and_predictive(schools):
@@ -223,3 +226,34 @@ def test_no_exact_conditional_is_a_model_error_that_names_the_alternatives():
         blrppl.Integrated(hierarchical_logistic.model).run(jax.random.key(0), 5, *args, **kwargs)
     for word in ("'sigma'", "cannot be exact", "inner='laplace'", "NonConjugateVI"):
         assert word in str(error.value)
+
+
+def test_the_same_data_reuse_the_plan(schools):
+    engine, first = schools["centred"]
+    args, kwargs = centred.data()
+    again = engine.run(jax.random.key(0), 20, *args, **kwargs)
+    assert again.fit.plan is first.fit.plan  # no tracing or symbolic analysis on the host the second time
+    np.testing.assert_allclose(again.log_marginal_likelihood, first.log_marginal_likelihood, rtol=1e-12)
+
+
+def test_hierarchical_logistic_with_variational_inner_fits_matches_nuts():
+    """INLA with variational inner fits: sigma on a grid, one full Gaussian over (mu, alpha, beta) given
+    sigma by non-conjugate VI (Gauss-Hermite on each linear predictor). Against NUTS
+    (tests/data/hierarchical_logistic_reference.json, 4 x 5000 draws): the issue's bar is 0.1 sd / 15%;
+    measured 0.021 sd / 1.9%. Laplace inner fits miss beta's mean by 0.24 sd (the mode is not the mean)."""
+    import json
+    import pathlib
+
+    reference = json.loads((pathlib.Path(__file__).parents[1] / "data" / "hierarchical_logistic_reference.json").read_text())
+    args, kwargs = hierarchical_logistic.data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IntegrationWarning)  # far-tail inner fits may stop at inner_steps
+        result = blrppl.Integrated(hierarchical_logistic.model, inner="vi").run(jax.random.key(0), 30, *args, **kwargs)
+    assert result.fit.choice.inner == "vi" and not result.diagnostics.experimental
+    d = result.diagnostics
+    assert d.converged and d.hessian_definite and d.num_modes == 1 and d.edge_weight < 1e-6
+    for site in ("mu", "sigma", "alpha", "beta"):
+        mean, sd = np.asarray(result.posterior[site].mean), np.sqrt(np.asarray(result.posterior[site].variance))
+        ref_mean, ref_sd = np.asarray(reference["mean"][site]), np.asarray(reference["sd"][site])
+        np.testing.assert_array_less(np.abs(mean - ref_mean) / ref_sd, 0.05, err_msg=site)
+        np.testing.assert_array_less(np.abs(sd / ref_sd - 1.0), 0.05, err_msg=site)

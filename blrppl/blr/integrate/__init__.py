@@ -35,6 +35,7 @@ from blrppl.blr.integrate.hyper import HyperChoice, choose_hyper
 from blrppl.blr.integrate.mode import ModeSearch, find_mode
 from blrppl.blr.integrate.options import IntegratedConfig, make_integrated_config
 from blrppl.blr.plan import make_plan
+from blrppl.graph.data import content_digest
 from blrppl.blr.integrate.grid import EDGE_TOL
 
 __all__ = [
@@ -217,17 +218,36 @@ MAX_SCOUTS = 25
 
 
 def _choose(model, model_args, model_kwargs, options, memo) -> tuple:
-    """:func:`~.hyper.choose_hyper`, or the memo's choice for data of the same shapes."""
+    """:func:`~.hyper.choose_hyper`, or the memo's choice for data of the same shapes.
+
+    The same data and options (equal digests of every argument's structure
+    and contents) reuse the memo's plan as it is: planning traces the model and analyses
+    every factor on the host (tens of milliseconds), more than the compiled
+    fit itself takes. New data of the same shapes re-plan with the memo's
+    choice of h.
+    """
+    data_key = ("plan", content_digest((model_args, dict(model_kwargs), options)))
+    if memo is not None and data_key in memo:
+        return memo[data_key]
     key = ("choice", _shapes((model_args, dict(model_kwargs))))
+    found = None
     if memo is not None and key in memo:
         choice, signature = memo[key]
         plan = make_plan(model, model_args, model_kwargs, choice.config)
         if plan.signature == signature:
-            return choice, plan
-    choice, plan = choose_hyper(model, model_args, model_kwargs, options)
+            found = choice, plan
+    if found is None:
+        found = choose_hyper(model, model_args, model_kwargs, options)
     if memo is not None:
-        memo[key] = (choice, plan.signature)
-    return choice, plan
+        memo[key] = (found[0], found[1].signature)
+        for old in [k for k in memo if isinstance(k, tuple) and k[:1] == ("plan",)][: -MAX_PLANS + 1 or None]:
+            del memo[old]  # keep the most recent data sets' plans only
+        memo[data_key] = found
+    return found
+
+
+#: Plans kept per engine for repeated fits of the same data.
+MAX_PLANS = 8
 
 
 def _shapes(tree: Any) -> tuple:

@@ -167,5 +167,7 @@ def build_conditional(plan: Plan, config: Config, sites: tuple, inner: str, num_
     space = hyper_space(plan, sites)
     if inner == "exact":
         return Conditional(plan, algorithm, space, 1, tol, 0.0)
+    if inner == "vi":  # the ELBO itself stands in for log p(y | h)
+        return Conditional(plan, algorithm, space, int(num_steps), float(tol), 0.0)
     dim = sum(int(math.prod(q.shape)) for q in plan.qs.values())
     return Conditional(plan, algorithm, space, int(num_steps), float(tol), 0.5 * dim)

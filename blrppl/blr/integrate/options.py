@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping, NamedTuple, Optional
 
-INNER = ("auto", "exact", "laplace")
+INNER = ("auto", "exact", "laplace", "vi")
 
 
 class IntegratedConfig(NamedTuple):
@@ -22,8 +22,11 @@ class IntegratedConfig(NamedTuple):
       inner: the conditional fit q(c | h): ``"exact"`` (ConjugateBayes, its
         ELBO the exact log p(y | h)), ``"laplace"`` (Laplace's method on one
         Gaussian over c, its evidence the Laplace approximation: INLA-like),
-        or ``"auto"`` (exact where the model allows it).
-      inner_steps: the most steps of an iterative inner fit (Laplace).
+        ``"vi"`` (one full Gaussian over c fitted by non-conjugate VI with
+        deterministic site parameters, its ELBO standing in for log p(y | h):
+        INLA with variational inner fits), or ``"auto"`` (exact where the
+        model allows it).
+      inner_steps: the most steps of an iterative inner fit (Laplace, VI).
       inner_tol: an iterative inner fit stops once its ELBO changes by less
         than this (relative to its scale).
       max_nodes: the most grid nodes evaluated; reaching it is reported.
