@@ -63,7 +63,8 @@ class Replanner(NamedTuple):
       treedef: the structure of ``plan.arrays.factors``.
       constants: per leaf of it, the reference value where it does not depend
         on the data, else None (the replayed value is used).
-      batched: ``replan`` vmapped over a leading batch axis of every array, jitted.
+      batched: ``data arrays -> (PlanArrays, ok)`` vmapped over a leading
+        batch axis of every array (every leaf of the result gets it), jitted.
     """
 
     plan: Plan
@@ -79,17 +80,6 @@ class Replanner(NamedTuple):
         merged = [c if c is not None else next(leaves) for c in self.constants]
         factors = jax.tree_util.tree_unflatten(self.treedef, merged)
         return self.plan.arrays._replace(factors=factors, data=tuple(data_arrays))
-
-    def stacked_arrays(self, factor_leaves: list, data_arrays: tuple, size: int) -> Any:
-        """:meth:`arrays_for` of a batch: every leaf with the leading axis ``size``."""
-        arrays = self.arrays_for(factor_leaves, data_arrays)
-        constants = {id(c) for c in self.constants if c is not None}
-        constants |= {id(x) for x in jax.tree.leaves((self.plan.arrays.starts, self.plan.arrays.params))}
-
-        def stack(x):
-            return jnp.broadcast_to(jnp.asarray(x), (size,) + jnp.shape(x)) if id(x) in constants else x
-
-        return jax.tree.map(stack, arrays)
 
     def plan_for(self, data: ModelData) -> Optional[Plan]:
         """The plan for new data of the reference signature, or None (plan on the host)."""
@@ -197,9 +187,15 @@ def _build(plan: Plan, rec: tape.Recording, leaves: list, treedef: Any, data: Mo
         values = [lax_internal._convert_element_type(v, a.dtype, weak_type=a.weak_type) for v, a in zip(values, avals)]
         return values, ok & observations_ok(arrays)
 
+    def full(arrays):
+        values, ok = replan(arrays)
+        it = iter(values)
+        factors = jax.tree_util.tree_unflatten(treedef, [c if c is not None else next(it) for c in constants])
+        return plan.arrays._replace(factors=factors, data=tuple(arrays)), ok
+
     fn = jax.jit(replan)
     compiled = fn.lower(tuple(data.arrays)).compile()
-    return Replanner(plan, fn, compiled, treedef, tuple(constants), jax.jit(jax.vmap(replan)))
+    return Replanner(plan, fn, compiled, treedef, tuple(constants), jax.jit(jax.vmap(full)))
 
 
 def _observation_checks(plan: Plan) -> Callable:

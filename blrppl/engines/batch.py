@@ -70,15 +70,15 @@ def run_batched(
     replanner = engine.replanner(*first_args, **first_kwargs)
     if replanner is not None:  # every data set replanned in one compiled, vmapped call
         batch = split_model_data(model_args, model_kwargs)
-        leaves, ok = replanner.batched(tuple(batch.arrays))
+        arrays, ok = replanner.batched(tuple(batch.arrays))
         ok = np.asarray(ok)
         members = np.flatnonzero(ok)
-        arrays = replanner.stacked_arrays(leaves, batch.arrays, size)
         if len(members) < size:
             arrays = jax.tree.map(lambda a: a[members], arrays)
         rows = jax.tree.map(np.asarray, arrays)
+        host = tuple(np.asarray(a) for a in batch.arrays)
         for row, i in enumerate(members):
-            data = batch._replace(arrays=tuple(np.asarray(a)[i] for a in batch.arrays))
+            data = batch._replace(arrays=tuple(a[i] for a in host))
             plans[i] = replanner.with_data(jax.tree.map(lambda a, row=row: a[row], rows), data)
         fast, stacked = tuple(int(i) for i in members), arrays
     for i in range(size):
@@ -126,14 +126,22 @@ def _run_group(engine, plans, keys, num_steps, tol, progress_bar, arrays=None) -
         algorithm, num_steps, arrays, states, tol=tol, progress_bar=progress_bar, batched_data=True
     )
     out = []
+    num_run, stopped = np.asarray(num_run), np.asarray(stopped)
+    elbo = np.asarray(elbo)  # read once: per-data-set slices of device arrays would each dispatch (and compile)
     for i, plan in enumerate(plans):
         n = int(num_run[i])
         result = BLRResult(
             plan=plan,
-            state=jax.tree.map(lambda a, i=i: a[i], states),
+            state=_row(states, i),
             elbo=elbo[i, :n],
             mode=engine.mode,
             convergence=Convergence.of(bool(stopped[i]), tol, n, algorithm.noisy),
         )
-        out.append((result, np.asarray(elbo[i]), n, bool(stopped[i])))
+        out.append((result, elbo[i], n, bool(stopped[i])))
     return out
+
+
+@jax.jit
+def _row(tree: Any, i: jax.Array) -> Any:
+    """Row ``i`` of every leaf: one compiled call per data set, whatever the leaves."""
+    return jax.tree.map(lambda a: a[i], tree)
