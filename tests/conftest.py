@@ -5,6 +5,9 @@ import matplotlib
 import pytest
 
 jax.config.update("jax_enable_x64", True)
+import blrppl.cli  # noqa: E402
+
+blrppl.cli.CACHE_BY_DEFAULT = False  # the CLI's persistent compilation cache stays off in tests (test_cli checks it)
 matplotlib.use("Agg")
 
 
