@@ -155,8 +155,16 @@ def _write_outputs(result: Any, idata: Any, out: pathlib.Path, lines: list, args
     print("Wrote " + ", ".join(str(p) for p in written) + ".", flush=True)
 
 
+CACHE_BY_DEFAULT = True
+"""``fit`` turns on the persistent compilation cache unless ``--no-cache`` (the test suite sets this False)."""
+
+
 def _fit(args: argparse.Namespace) -> int:
     from blrppl.choosing import ENGINES
+    from blrppl.compilation_cache import enable_compilation_cache
+
+    if CACHE_BY_DEFAULT and not args.no_cache:
+        enable_compilation_cache()
 
     zoo = load_zoo()
     names = list(zoo) if args.models == ["all"] else (args.models or [DEFAULT_MODEL])
@@ -219,6 +227,12 @@ def parser() -> argparse.ArgumentParser:
     fit.add_argument("--out", default=None, help="write posterior.nc, summary.txt, fit.npz and figures here")
     fit.add_argument("--no-plots", action="store_true", help="write no figures")
     fit.add_argument("--quiet", action="store_true", help="no progress bar")
+    fit.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="do not use JAX's persistent compilation cache (on by default here: ~/.cache/blrppl/jax, or "
+        "$BLRPPL_COMPILATION_CACHE), so that a later run compiles nothing",
+    )
     commands.add_parser("list", help="list the zoo")
     return main_parser
 

@@ -5,6 +5,9 @@ import matplotlib
 import pytest
 
 jax.config.update("jax_enable_x64", True)
+import blrppl.cli  # noqa: E402
+
+blrppl.cli.CACHE_BY_DEFAULT = False  # the CLI's persistent compilation cache stays off in tests (test_cli checks it)
 matplotlib.use("Agg")
 
 
@@ -13,6 +16,7 @@ matplotlib.use("Agg")
 # that stays in the default run). They carry the ``slow`` marker, which the
 # default run deselects (setup.cfg); ``pytest -m slow`` runs them.
 SLOW = (
+    "tests/test_data_as_arguments.py::test_second_run_on_new_data_equals_a_fresh_fit[eight_schools_noncentered]",
     "tests/test_calibration.py::test_exact_posteriors_are_calibrated[beta_bernoulli]",
     "tests/test_calibration.py::test_exact_posteriors_are_calibrated[ridge]",
     "tests/engines/test_robustness.py::test_likelihoods_without_conjugate_structure",

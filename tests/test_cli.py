@@ -141,3 +141,15 @@ def test_unknown_model_is_a_clear_error_from_the_shell():
     assert out.returncode == 2
     assert "unknown model 'no_such_model'" in out.stderr and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith("blrppl: error:")
+
+
+def test_fit_turns_the_compilation_cache_on_unless_told_not_to(monkeypatch, tiny_zoo, capsys):
+    import blrppl.compilation_cache
+
+    calls = []
+    monkeypatch.setattr(cli, "CACHE_BY_DEFAULT", True)
+    monkeypatch.setattr(blrppl.compilation_cache, "enable_compilation_cache", lambda *a, **k: calls.append(a))
+    assert cli.main(["fit", "normal_mean", "--steps", "2", "--no-plots", "--quiet", "--no-cache", "--draws", "10"]) == 0
+    assert calls == []
+    assert cli.main(["fit", "normal_mean", "--steps", "2", "--no-plots", "--quiet", "--draws", "10"]) == 0
+    assert len(calls) == 1

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import blrppl
+import blrppl.graph.data
 from models import ZOO
 
 CASES = [
@@ -27,7 +28,11 @@ CASES = [
     ("nile", blrppl.EM, {}),
     ("radon", blrppl.NonConjugateVI, {}),
     ("logistic_regression", blrppl.NonConjugateVI, {}),
+    ("eight_schools_noncentered", blrppl.NonConjugateVI, {}),
+    ("beta_bernoulli", blrppl.ConjugateBayes, {}),
 ]
+# Models whose new data are replanned by the compiled planner (blrppl.blr.replan), not on the host.
+REPLANNED = {"normal_mean_precision", "eight_schools_noncentered", "beta_bernoulli"}
 
 
 def perturb(tree, seed):
@@ -54,6 +59,8 @@ def test_second_run_on_new_data_equals_a_fresh_fit(name, engine_cls, options, rn
     engine.run(rng_key, 3, *args, progress_bar=False, **kwargs)
     new_args, new_kwargs = perturb((args, kwargs), 1)
     reused = engine.run(rng_key, 3, *new_args, progress_bar=False, **new_kwargs)
+    if name in REPLANNED:
+        assert engine.replanner(*new_args, **new_kwargs).plan_for(blrppl.graph.data.split_model_data(new_args, new_kwargs))
     fresh = engine_cls(entry.model, **options).run(rng_key, 3, *new_args, progress_bar=False, **new_kwargs)
     np.testing.assert_allclose(reused.elbo, fresh.elbo, rtol=1e-9, atol=1e-9)
     for a, b in zip(jax.tree.leaves(reused.natural_params), jax.tree.leaves(fresh.natural_params)):

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from numpyro.distributions import constraints
 
 from blrppl.blr import driver
@@ -113,9 +114,9 @@ def collapsed_sites(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> list[s
         if not q.family.gaussian or q.family.chain:
             continue
         lam = natural[v]
-        precision = -2.0 * (lam.x_sq if hasattr(lam, "x_sq") else jnp.diagonal(lam.xxT, axis1=-2, axis2=-1))
-        bad = ~jnp.isfinite(precision) | ~jnp.all(jnp.isfinite(lam.x))
-        if bool(jnp.any(bad) | jnp.any(precision > COLLAPSED_PRECISION)):
+        precision = -2.0 * (lam.x_sq if hasattr(lam, "x_sq") else np.diagonal(lam.xxT, axis1=-2, axis2=-1))
+        bad = ~np.isfinite(precision) | ~np.all(np.isfinite(lam.x))
+        if bool(np.any(bad) | np.any(precision > COLLAPSED_PRECISION)):
             found.append(v)
     return sorted(found, key=lambda v: qs[v].transform is None)
 
@@ -129,14 +130,16 @@ def improper_posterior_error(qs: Mapping[str, Any], natural: Mapping[str, Any], 
     data do not identify). A run that ended with a q or an ELBO that is not
     finite for another reason is reported too, never returned.
     """
-    elbo = jnp.asarray(elbo)
-    finite_q = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(natural))
+    # On the host, in numpy: a few small arrays, read once (eager jax ops here cost more than the fit).
+    natural = jax.tree.map(np.asarray, natural)
+    elbo = np.asarray(elbo)
+    finite_q = all(bool(np.all(np.isfinite(x))) for x in jax.tree.leaves(natural))
     collapsed = collapsed_sites(qs, natural)
     # No real model has an ELBO beyond 1e30: with a collapsed q it is the same divergence,
     # stopped short of +inf by the ELBO guard (which rejects steps that overflow).
     bound = 1e30 if collapsed else 1e100
-    grows = bool(elbo.size) and bool(jnp.isposinf(elbo[-1]) | (elbo[-1] > bound))
-    if grows or (collapsed and not bool(jnp.all(jnp.isfinite(elbo)))):
+    grows = bool(elbo.size) and bool(np.isposinf(elbo[-1]) | (elbo[-1] > bound))
+    if grows or (collapsed and not bool(np.all(np.isfinite(elbo)))):
         site = collapsed[0] if collapsed else next(iter(qs))
         return ModelError(
             f"site {site!r}: the ELBO grows without bound as q of {site!r} collapses to a point, so the "
@@ -145,8 +148,8 @@ def improper_posterior_error(qs: Mapping[str, Any], natural: Mapping[str, Any], 
             "an improper prior the data do not identify); check the data, or give the site a prior that "
             "vanishes at the boundary (e.g. a Gamma prior on a precision)."
         )
-    if not finite_q or (bool(elbo.size) and not bool(jnp.isfinite(elbo[-1]))):
-        bad = [v for v in qs if not all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(natural[v]))]
+    if not finite_q or (bool(elbo.size) and not bool(np.isfinite(elbo[-1]))):
+        bad = [v for v in qs if not all(bool(np.all(np.isfinite(x))) for x in jax.tree.leaves(natural[v]))]
         site = (bad or collapsed or list(qs))[0]
         return ModelError(
             f"site {site!r}: the fit ended with {'q' if bad else 'an ELBO'} that is not finite: a factor's "

@@ -11,6 +11,7 @@ new data with the same signature reuses the compiled program.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 from typing import Any, Callable, Mapping, Optional
@@ -101,7 +102,7 @@ class Plan:
     imputed: frozenset = frozenset()
     orphans: dict = dataclasses.field(default_factory=dict)
 
-    @property
+    @functools.cached_property
     def signature(self) -> tuple:
         """A hashable description of everything static: equal signatures share compiled code."""
         return plan_signature(self)

@@ -25,8 +25,15 @@ import jax.numpy as jnp
 
 def restart_keys(rng_key: jax.Array, num_restarts: int) -> jax.Array:
     """Keys of the restarts: ``rng_key`` itself, then ``fold_in(rng_key, c)``."""
-    keys = [rng_key] + [jax.random.fold_in(rng_key, c) for c in range(1, num_restarts)]
-    return jnp.stack(keys)
+    if num_restarts <= 8:
+        return jnp.stack([rng_key] + [jax.random.fold_in(rng_key, c) for c in range(1, num_restarts)])
+    return _many_keys(rng_key, jnp.arange(1, num_restarts))  # one compiled call for many data sets
+
+
+@jax.jit
+def _many_keys(rng_key: jax.Array, indices: jax.Array) -> jax.Array:
+    folded = jax.vmap(lambda c: jax.random.fold_in(rng_key, c))(indices)
+    return jnp.concatenate([rng_key[None], folded])
 
 
 def random_start(rng_key: jax.Array, qs: Mapping[str, Any], natural: Mapping[str, Any], keep: Any = ()) -> dict:

@@ -108,12 +108,22 @@ def check_start(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> None:
     Raises:
       ModelError: naming the first variable whose start is not a valid q.
     """
-    for v, q in qs.items():
-        if not bool(jnp.all(q.family.is_valid(natural[v]))):
+    tests = tuple((v, q.family.is_valid) for v, q in qs.items())
+    try:
+        valid = np.asarray(_valid_starts(tests, {v: natural[v] for v in qs}))  # one compiled call, one sync
+    except (TypeError, ValueError):  # a test that cannot be a static argument: check eagerly
+        valid = [bool(jnp.all(q.family.is_valid(natural[v]))) for v, q in qs.items()]
+    for (v, q), ok in zip(qs.items(), valid):
+        if not ok:
             raise ModelError(
                 f"site {v!r}: its prior does not define a proper starting q ({q.family.name}); "
                 "give the site a proper prior, or start it with init={site: value}."
             )
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _valid_starts(tests: tuple, natural: dict) -> jax.Array:
+    return jnp.stack([jnp.all(is_valid(natural[v])) for v, is_valid in tests]) if tests else jnp.zeros(0, bool)
 
 
 def user_start(q: Any, natural: Any, start: Any) -> Any:

@@ -20,11 +20,13 @@ from blrppl.blr.build import build_blr
 from blrppl.blr.checks import boundary_estimates, improper_posterior_error, steady_climb
 from blrppl.blr.config import Config
 from blrppl.blr.plan import Plan, make_plan
+from blrppl.blr.replan import Replanner, record_plan
 from blrppl.blr.restarts import best_restart, restart_keys
 from blrppl.blr.starts import check_start
 from blrppl.blr.state import InferenceAlgorithm
 from blrppl.errors import ModelError
 from blrppl.engines.batch import run_batched
+from blrppl.graph.data import split_model_data
 from blrppl.results import BatchResult, BLRResult, Convergence, Restarts
 from blrppl.saving import load
 
@@ -43,9 +45,11 @@ class Engine:
     def __init__(self, model: Callable, config: Config):
         self.model = model
         self.config = config
-        # Compiled algorithms by plan signature: a memo, the only state an
-        # engine keeps (jax.jit caches the compiled programs per algorithm).
+        # Memos, the only state an engine keeps: compiled algorithms by plan
+        # signature (jax.jit caches the compiled programs per algorithm), and
+        # compiled planners by the data's shapes (blrppl.blr.replan).
         self._algorithms: dict = {}
+        self._replanners: dict = {}
 
     @property
     def mode(self) -> str:
@@ -53,8 +57,28 @@ class Engine:
         return self.config.mode
 
     def plan(self, *model_args: Any, **model_kwargs: Any) -> Plan:
-        """Trace the model and choose every factor's estimator (no compilation)."""
-        return make_plan(self.model, model_args, model_kwargs, self.config)
+        """Trace the model and choose every factor's estimator.
+
+        The first plan for data of given shapes is made on the host and
+        recorded; later data of the same shapes are planned by one compiled
+        call, without tracing the model (:mod:`blrppl.blr.replan`), unless
+        they would change the plan's structure or fail validation: those are
+        planned on the host again (which says what is wrong with them).
+        """
+        replanner = self.replanner(*model_args, **model_kwargs)
+        if replanner is not None:
+            plan = replanner.plan_for(split_model_data(model_args, model_kwargs))
+            if plan is not None:
+                return plan
+            return make_plan(self.model, model_args, model_kwargs, self.config)
+        plan, replanner = record_plan(self.model, model_args, model_kwargs, self.config)
+        if replanner is not None:
+            self._replanners[split_model_data(model_args, model_kwargs).signature] = replanner
+        return plan
+
+    def replanner(self, *model_args: Any, **model_kwargs: Any) -> Optional[Replanner]:
+        """The compiled planner for data of these shapes, if a plan made one (else None)."""
+        return self._replanners.get(split_model_data(model_args, model_kwargs).signature)
 
     def build(self, plan: Plan, *, random_starts: bool = False, fixed_params: bool = False) -> InferenceAlgorithm:
         """The functional core for a plan, shared by every plan with the same signature."""

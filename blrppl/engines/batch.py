@@ -1,9 +1,12 @@
 """Many data sets in one compiled call (cross-validation, bootstrap, calibration).
 
-Every array argument of the model carries a leading batch axis B. Each data
-set is planned (traced and analysed) on the host; data sets whose plans share
-one signature (the same structure, shapes and dtypes: usually all of them;
-a Bernoulli data set of all zeros, say, can drop a term) have their arrays
+Every array argument of the model carries a leading batch axis B. Data set 0
+is planned (traced and analysed) on the host; where that plan records a
+compiled planner (:mod:`blrppl.blr.replan`), every data set is planned by one
+vmapped call of it, and those whose structure would differ (a Bernoulli data
+set of all zeros, say, can drop a term) or whose data fail validation are
+planned on the host one by one. Data sets whose plans share one signature (the
+same structure, shapes and dtypes: usually all of them) have their arrays
 stacked, so one compiled loop, :func:`blrppl.blr.driver.run_restarts` with
 ``batched_data``, fits them all at once, each with its own q, random stream,
 ELBO trace and stopping step.
@@ -60,7 +63,28 @@ def run_batched(
 ) -> BatchResult:
     """Fit every data set of a batch with ``engine`` in one compiled, vmapped run."""
     size = batch_size(model_args, model_kwargs)
-    plans = [engine.plan(*args, **kwargs) for args, kwargs in (data_set(model_args, model_kwargs, i) for i in range(size))]
+    plans: list = [None] * size
+    fast, stacked = (), None
+    first_args, first_kwargs = data_set(model_args, model_kwargs, 0)
+    plans[0] = engine.plan(*first_args, **first_kwargs)
+    replanner = engine.replanner(*first_args, **first_kwargs)
+    if replanner is not None:  # every data set replanned in one compiled, vmapped call
+        batch = split_model_data(model_args, model_kwargs)
+        arrays, ok = replanner.batched(tuple(batch.arrays))
+        ok = np.asarray(ok)
+        members = np.flatnonzero(ok)
+        if len(members) < size:
+            arrays = jax.tree.map(lambda a: a[members], arrays)
+        rows = jax.tree.map(np.asarray, arrays)
+        host = tuple(np.asarray(a) for a in batch.arrays)
+        for row, i in enumerate(members):
+            data = batch._replace(arrays=tuple(a[i] for a in host))
+            plans[i] = replanner.with_data(jax.tree.map(lambda a, row=row: a[row], rows), data)
+        fast, stacked = tuple(int(i) for i in members), arrays
+    for i in range(size):
+        if plans[i] is None:  # planned on the host: its structure differs, or its data are invalid
+            args, kwargs = data_set(model_args, model_kwargs, i)
+            plans[i] = engine.plan(*args, **kwargs)
     groups: dict = {}
     for i, plan in enumerate(plans):
         groups.setdefault(plan.signature, []).append(i)
@@ -69,7 +93,10 @@ def run_batched(
     elbo = np.full((size, 0), np.nan)
     num_run, stopped = np.zeros(size, int), np.zeros(size, bool)
     for members in groups.values():
-        fits = _run_group(engine, [plans[i] for i in members], keys[np.asarray(members)], num_steps, tol, progress_bar)
+        arrays = stacked if tuple(members) == fast else None
+        fits = _run_group(
+            engine, [plans[i] for i in members], keys[np.asarray(members)], num_steps, tol, progress_bar, arrays
+        )
         for i, (result, trace, steps, stop) in zip(members, fits):
             results[i] = result
             if trace.shape[0] > elbo.shape[1]:
@@ -79,8 +106,8 @@ def run_batched(
     return BatchResult(results=tuple(results), elbo=jnp.asarray(elbo), num_steps=num_run, stopped=stopped)
 
 
-def _run_group(engine, plans, keys, num_steps, tol, progress_bar) -> list:
-    """Data sets whose plans share one signature: one compiled, vmapped run."""
+def _run_group(engine, plans, keys, num_steps, tol, progress_bar, arrays=None) -> list:
+    """Data sets whose plans share one signature: one compiled, vmapped run (``arrays``: already stacked)."""
     first = plans[0]
     if first.data_static or any(est.closed_data for est in first.estimators):
         raise ModelError(
@@ -91,21 +118,30 @@ def _run_group(engine, plans, keys, num_steps, tol, progress_bar) -> list:
         raise ModelError(
             f"site {first.subsample.plate.name!r}: minibatch fits cannot be batched over data sets; fit them one by one."
         )
-    arrays = jax.tree.map(lambda *leaves: jnp.stack([jnp.asarray(x) for x in leaves]), *[p.arrays for p in plans])
+    if arrays is None:
+        arrays = jax.tree.map(lambda *leaves: jnp.stack([jnp.asarray(x) for x in leaves]), *[p.arrays for p in plans])
     algorithm = engine.build(first)
     states = driver.init_restarts(algorithm, keys, arrays, batched_data=True)
     states, elbo, num_run, stopped = driver.run_restarts(
         algorithm, num_steps, arrays, states, tol=tol, progress_bar=progress_bar, batched_data=True
     )
     out = []
+    num_run, stopped = np.asarray(num_run), np.asarray(stopped)
+    elbo = np.asarray(elbo)  # read once: per-data-set slices of device arrays would each dispatch (and compile)
     for i, plan in enumerate(plans):
         n = int(num_run[i])
         result = BLRResult(
             plan=plan,
-            state=jax.tree.map(lambda a, i=i: a[i], states),
+            state=_row(states, i),
             elbo=elbo[i, :n],
             mode=engine.mode,
             convergence=Convergence.of(bool(stopped[i]), tol, n, algorithm.noisy),
         )
-        out.append((result, np.asarray(elbo[i]), n, bool(stopped[i])))
+        out.append((result, elbo[i], n, bool(stopped[i])))
     return out
+
+
+@jax.jit
+def _row(tree: Any, i: jax.Array) -> Any:
+    """Row ``i`` of every leaf: one compiled call per data set, whatever the leaves."""
+    return jax.tree.map(lambda a: a[i], tree)

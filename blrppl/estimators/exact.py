@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 import jax
 
+from blrppl.graph import tape
 from blrppl.estimators.base import FactorEstimator, Method, factor_log_density, var_info
 from blrppl.graph.nodes import FactorGraph
 from blrppl.symbolic.canonical import Unsupported
@@ -53,15 +54,16 @@ def exact_estimator(
     for p in points:
         infos[p] = VarInfo(POINT, tuple(jax.numpy.shape(param_examples[p])), 0)
 
-    def symbolic(values):
+    def symbolic(values, data=None):
         latent = {k: values[k] for k in neighbours}
         params = {k: values[k] for k in points}
-        return log_factor(latent, params)
+        return log_factor(latent, params, data)
 
     example_values = {v: examples[v] for v in neighbours}
     example_values.update({p: param_examples[p] for p in points})
     try:
-        terms = analyse(symbolic, example_values, infos)
+        # While a plan is recorded, the data are inputs of the analysis (blrppl.graph.tape).
+        terms = analyse(symbolic, example_values, infos, data=tape.data_inputs(graph.data.arrays))
     except Unsupported as error:
         raise NonConjugate(neighbours[0] if neighbours else None, str(error)) from None
     needed = {p: stats_needed(terms.terms, p) for p in points}

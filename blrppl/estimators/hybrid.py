@@ -23,6 +23,7 @@ from typing import Any
 
 import jax
 
+from blrppl.graph import tape
 from blrppl.estimators.base import FactorEstimator, Method, factor_log_density, owner, var_info
 from blrppl.estimators.cubature import MAX_CUBATURE_DIM
 from blrppl.estimators.nonconjugate import expectation_over, refuse_minibatch
@@ -70,12 +71,12 @@ def hybrid_estimator(
     infos.update({u: VarInfo(POINT, tuple(jax.numpy.shape(held[u])), 0) for u in uncertain})
     infos.update({p: VarInfo(POINT, tuple(jax.numpy.shape(param_examples[p])), 0) for p in points})
 
-    def symbolic(values):
-        return log_factor({k: values[k] for k in conjugate + uncertain}, {p: values[p] for p in points})
+    def symbolic(values, data=None):
+        return log_factor({k: values[k] for k in conjugate + uncertain}, {p: values[p] for p in points}, data)
 
     example_values = {**{v: examples[v] for v in conjugate}, **held, **{p: param_examples[p] for p in points}}
     try:
-        terms = analyse(symbolic, example_values, infos)
+        terms = analyse(symbolic, example_values, infos, data=tape.data_inputs(graph.data.arrays))
     except Unsupported as error:
         raise NonConjugate(uncertain[0], str(error)) from None
     needed = {p: stats_needed(terms.terms, p) for p in points + uncertain}

@@ -13,8 +13,10 @@ import dataclasses
 from fractions import Fraction
 from typing import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
+from blrppl.graph import tape
 from blrppl.symbolic.terms import (
     Index,
     Labels,
@@ -59,18 +61,27 @@ def free_labels(poly: Poly) -> set:
 
 def compress_operand(op: Operand) -> tuple[Operand | None, float]:
     """Drop axes an operand is constant along; fold scalars into a coefficient."""
-    array, labels = np.asarray(op.array), list(op.labels)
-    keep = []
-    for axis in range(array.ndim):
-        if array.shape[axis] > 1:
-            first = np.take(array, [0], axis=axis)
-            if not np.all(array == first):
-                keep.append(axis)
-    array = array[tuple(slice(None) if a in keep else 0 for a in range(array.ndim))]
+    array, labels = tape.asarray(op.array), list(op.labels)
+    if tape.is_dual(array):  # one recorded decision (a guard) for all axes, once per value
+        keep = tape.memo(array, "varying_axes", lambda: [int(a) for a in np.flatnonzero(tape.lift(
+            lambda x: varying_axes(x, np), lambda x: varying_axes(x, jnp), (array,)).read())])
+    else:
+        keep = [a for a in range(array.ndim) if varying_axes(array, np)[a]]
+    if len(keep) < array.ndim:
+        array = array[tuple(slice(None) if a in keep else 0 for a in range(array.ndim))]
     labels = [labels[a] for a in keep]
     if array.ndim == 0:
-        return None, float(array)
+        return None, tape.scalar(array)
     return Operand(array, tuple(labels)), 1.0
+
+
+def varying_axes(array, xp) -> list:
+    """Per axis, whether ``array`` varies along it (``xp``: numpy or jax.numpy)."""
+    flags = [
+        xp.logical_not(xp.all(array == xp.take(array, xp.asarray([0]), axis=axis))) if array.shape[axis] > 1 else False
+        for axis in range(array.ndim)
+    ]
+    return xp.asarray(flags, dtype=bool)
 
 
 def normalize_term(term: Term) -> Term:
@@ -263,7 +274,7 @@ def power(poly: Poly, exponent: float, space: Labels) -> Poly:
         )
     if term.coeff < 0 and exponent.denominator != 1:
         raise NonConjugate(_first_var(poly), "a fractional power of a negative quantity")
-    operands = tuple(Operand(np.asarray(op.array, float) ** float(exponent), op.labels) for op in term.operands)
+    operands = tuple(Operand(tape.asarray(op.array, float) ** float(exponent), op.labels) for op in term.operands)
     atoms = []
     for atom in term.atoms:
         if atom.kind == "x":
@@ -275,7 +286,7 @@ def power(poly: Poly, exponent: float, space: Labels) -> Poly:
                 atom.var,
                 f"{atom.kind}({atom.var!r}) ** {exponent} is not a sufficient statistic",
             )
-    new = Term(float(term.coeff) ** float(exponent), operands, tuple(atoms))
+    new = Term(tape.scalar(term.coeff) ** float(exponent), operands, tuple(atoms))
     return Poly(poly.shape, poly.labels, _clean([new]), poly.selectors)
 
 
@@ -445,9 +456,9 @@ def log(poly: Poly, space: Labels | None) -> Poly:
         )
     if term.coeff <= 0:
         raise NonConjugate(_first_var(poly), "the log of a non-positive quantity")
-    terms = [Term(float(np.log(term.coeff)))]
+    terms = [Term(tape.scalar(np.log(term.coeff)))]
     for op in term.operands:
-        terms.append(Term(1.0, (Operand(np.log(np.asarray(op.array, float)), op.labels),)))
+        terms.append(Term(1.0, (Operand(np.log(tape.asarray(op.array, float)), op.labels),)))
     for atom in term.atoms:
         if atom.kind == "x":
             terms.append(Term(float(atom.power), (), (dataclasses.replace(atom, kind="log", power=Fraction(1)),)))
@@ -467,7 +478,7 @@ def logdet(poly: Poly) -> Poly:
         raise NonConjugate(atom.var, f"log det of a function of {atom.var!r}")
     d = poly.shape[-1]
     new_atom = VarAtom(atom.var, "logdet", atom.index[:-2], sizes=atom.sizes[:-2])
-    terms = (Term(d * float(np.log(term.coeff))), Term(float(atom.power), (), (new_atom,)))
+    terms = (Term(d * tape.scalar(np.log(term.coeff))), Term(float(atom.power), (), (new_atom,)))
     return Poly(poly.shape[:-2], batch, _clean(terms), poly.selectors)
 
 

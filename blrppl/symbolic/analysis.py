@@ -7,6 +7,8 @@ from typing import Callable, Mapping
 import jax
 import numpy as np
 
+from blrppl.graph import tape
+from blrppl.graph.data import DATA_ERRORS
 from blrppl.symbolic.compiled import Analysis
 from blrppl.symbolic.interpret import Interpreter
 from blrppl.symbolic.resolve import resolve
@@ -16,9 +18,10 @@ from blrppl.symbolic.values import categorical_variable
 
 
 def analyse(
-    log_factor: Callable[[dict], jax.Array],
+    log_factor: Callable[..., jax.Array],
     example_values: Mapping[str, jax.Array],
     infos: Mapping[str, VarInfo],
+    data: tuple | None = None,
 ) -> Analysis:
     """Compile ``E_q[log_factor(values)]`` into statistic terms.
 
@@ -30,6 +33,10 @@ def analyse(
         from the prior); only their shapes matter.
       infos: for every key of ``example_values``, its q (family kind and the
         axes q factorises over).
+      data: the model's array arguments as inputs of the traced jaxpr
+        (:class:`~blrppl.graph.tape.Dual` values of a recording), passed to
+        ``log_factor(values, data)``; None: ``log_factor(values)`` closes
+        over its data (constants of the jaxpr).
 
     Returns:
       The :class:`~blrppl.symbolic.compiled.Analysis`, a pytree;
@@ -40,9 +47,17 @@ def analyse(
       NonConjugate: naming the variable and the reason.
     """
     names = sorted(example_values)
-    closed = jax.make_jaxpr(lambda *xs: log_factor(dict(zip(names, xs))))(
-        *[example_values[n] for n in names]
-    )
+    examples = [example_values[n] for n in names]
+    closed = None
+    if data is not None:
+        shapes = [jax.ShapeDtypeStruct(np.shape(d), d.dtype) for d in data]
+        try:
+            closed = jax.make_jaxpr(lambda xs, ds: log_factor(dict(zip(names, xs)), tuple(ds)))(examples, shapes)
+        except DATA_ERRORS:  # the model needs concrete data: they stay constants
+            data = None
+    if closed is None:
+        tape.give_up("an analysis closed over the data")
+        closed = jax.make_jaxpr(lambda *xs: log_factor(dict(zip(names, xs))))(*examples)
     space = Labels()
     categorical = {}
     args = []
@@ -55,11 +70,11 @@ def analyse(
         else:
             args.append(variable(name, shape, space))
     interpreter = Interpreter(space, categorical)
-    (out,) = interpreter.run(closed, args)
+    (out,) = interpreter.run(closed, args + list(data or ()))
     if not isinstance(out, Poly):
-        out = np.asarray(out, float)
+        out = tape.asarray(out, float)
         if out.ndim == 0:
-            out = Poly((), (), (Term(float(out)),))
+            out = Poly((), (), (Term(tape.scalar(out)),))
         else:
             out = constant(out, space)
     if len(out.shape) > 1:

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from blrppl.graph import tape
 from blrppl.graph.jaxpr import (
     call_body,
     is_call,
@@ -87,9 +88,10 @@ class Interpreter:
     def _apply(self, eqn: Any, invals: list, used: list[bool]) -> list:
         prim = eqn.primitive
         if not any(is_symbolic(v) for v in invals):
-            out = prim.bind(*[v if is_key(v) else jnp.asarray(v) for v in invals], **prim.get_bind_params(eqn.params))
-            outs = out if prim.multiple_results else [out]
-            return [o if is_key(o) else np.asarray(o) for o in outs]
+            params = prim.get_bind_params(eqn.params)
+            if any(tape.is_dual(v) for v in invals):  # data: computed and recorded (see blrppl.graph.tape)
+                return list(tape.lift(lambda *xs: tuple(_bind(prim, params, xs)), _replay_bind(prim, params), invals))
+            return _bind(prim, params, invals)
         name = prim.name
         if is_call(name):
             return self._call(eqn, invals)
@@ -150,6 +152,23 @@ class Interpreter:
         if result is None:
             return np.zeros(out_shape)
         return categorical.merge_categorical(result, self.space)
+
+
+def _bind(prim: Any, params: dict, invals: Sequence[Any]) -> list:
+    """A primitive on constant inputs, evaluated now (numpy outputs)."""
+    out = prim.bind(*[v if is_key(v) else jnp.asarray(v) for v in invals], **params)
+    outs = out if prim.multiple_results else [out]
+    return [o if is_key(o) else np.asarray(o) for o in outs]
+
+
+def _replay_bind(prim: Any, params: dict):
+    """The same primitive on replayed (traced) inputs: a tuple of outputs."""
+
+    def bind(*xs):
+        out = prim.bind(*xs, **params)
+        return tuple(out) if prim.multiple_results else (out,)
+
+    return bind
 
 
 def blrppl_logdet(x: jax.Array) -> jax.Array:

@@ -16,6 +16,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from blrppl.graph import tape
 from blrppl.symbolic.algebra import normalize_term, push_selectors
 from blrppl.symbolic.chain_reads import chain_categorical_reads, chain_reads
 from blrppl.symbolic.compiled import Analysis, StatRead, StatTerm
@@ -138,10 +139,10 @@ def _merge(terms: list[StatTerm], obs=None) -> list[StatTerm]:
     for term in terms:
         key, order = _canonical(term, obs)
         if term.operand is None:
-            value = np.asarray(term.coeff)
+            value = tape.asarray(term.coeff)
         else:
             perm = sorted(range(len(term.operand.labels)), key=lambda i: order[term.operand.labels[i]])
-            value = term.coeff * np.transpose(np.asarray(term.operand.array, float), perm)
+            value = term.coeff * np.transpose(tape.asarray(term.operand.array, float), perm)
             labels = tuple(sorted(order[lab] for lab in term.operand.labels))
         labels = () if term.operand is None else labels
         if key in groups:
@@ -155,8 +156,8 @@ def _merge(terms: list[StatTerm], obs=None) -> list[StatTerm]:
         _, order = _canonical(first, obs)
         inverse = {v: k for k, v in order.items()}
         if labels == () and np.ndim(total) == 0:
-            if float(total) != 0.0:
-                out.append(StatTerm(float(total), None, first.reads, first.obs_label))
+            if total != 0.0:
+                out.append(StatTerm(tape.scalar(total), None, first.reads, first.obs_label))
             continue
         operand = Operand(total, tuple(inverse[lab] for lab in labels))
         reads_obs = any(obs in idx.labels for r in first.reads for idx in r.index)
@@ -170,7 +171,7 @@ def _add_labelled(a, a_labels, b, b_labels):
     labels = tuple(sorted(set(a_labels) | set(b_labels)))
 
     def expand(x, own):
-        x = np.asarray(x, float)
+        x = tape.asarray(x, float)
         dims = iter(x.shape)
         return x.reshape([next(dims) if lab in own else 1 for lab in labels])
 
@@ -191,7 +192,7 @@ def _precontract(coeff, operands, reads, space: Labels, obs=None) -> StatTerm:
         letters = einsum_letters([op.labels for op in operands])
         spec = ",".join("".join(letters[l] for l in op.labels) for op in operands)
         spec += "->" + "".join(letters[l] for l in keep)
-        array = np.einsum(spec, *[np.asarray(op.array, float) for op in operands], optimize=True)
+        array = np.einsum(spec, *[tape.asarray(op.array, float) for op in operands], optimize=True)
         operand = Operand(array, tuple(keep))
     else:
         operand = None

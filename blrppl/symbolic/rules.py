@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from blrppl.graph import tape
 from blrppl.symbolic import algebra
 from blrppl.symbolic.terms import NonConjugate, Poly, constant
 from blrppl.symbolic.values import Poisoned, as_poly, first_var, is_categorical, is_symbolic
@@ -44,7 +45,7 @@ def _div(interp: Any, eqn: Any, x: Any, y: Any) -> Poly:
     x = as_poly(x, space)
     if is_symbolic(y):
         return algebra.mul(x, algebra.power(as_poly(y, space), -1, space), space)
-    return algebra.mul(x, constant(1.0 / np.asarray(y, float), space), space)
+    return algebra.mul(x, constant(1.0 / tape.asarray(y, float), space), space)
 
 
 def _integer_pow(interp: Any, eqn: Any, x: Any) -> Poly:

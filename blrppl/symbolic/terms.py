@@ -33,6 +33,8 @@ from typing import Optional, Sequence
 import jax
 import numpy as np
 
+from blrppl.graph import tape
+
 Label = int
 
 
@@ -220,7 +222,7 @@ def substitute_array(
     Renames and gathers are applied as one substitution (``{a: b, b: a}``
     swaps two labels); a label that then appears twice reads the diagonal.
     """
-    array = np.asarray(array)
+    array = tape.asarray(array)
     # Stand-in labels keep the original axes apart while gathers reshape them.
     stand_in = [("axis", i) for i in range(len(labels))]
     current = list(stand_in)
@@ -358,10 +360,10 @@ def ravel(coords: Sequence[np.ndarray], shape: Sequence[int]) -> np.ndarray:
 
 def constant(value: np.ndarray, space: Labels) -> Poly:
     """A constant array as a Poly (one term with one operand)."""
-    value = np.asarray(value)
+    value = tape.asarray(value)
     labels = tuple(space.new(n) for n in value.shape)
     if value.ndim == 0:
-        return Poly((), (), (Term(float(value)),))
+        return Poly((), (), (Term(tape.scalar(value)),))
     return Poly(value.shape, labels, (Term(1.0, (Operand(value, labels),)),))
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from blrppl.graph import tape
 from blrppl.symbolic.terms import Index, Labels, NonConjugate, Poly, Term, VarAtom, constant
 
 
@@ -51,7 +52,7 @@ def as_poly(value: Any, space: Labels) -> Poly:
         raise NonConjugate(value.var, value.reason)
     if isinstance(value, Poly):
         return value
-    return constant(np.asarray(value), space)
+    return constant(tape.asarray(value), space)
 
 
 def first_var(value: Any) -> str | None:

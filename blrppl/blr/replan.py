@@ -1,0 +1,252 @@
+"""Plan once, replan compiled: a new data set of the same shapes without tracing the model.
+
+:func:`make_plan` traces the model and analyses every factor on the host,
+with numpy on the concrete data: tens of milliseconds per data set, and what
+a refit (cross-validation, bootstrap, calibration) pays again and again. The
+plan's structure (graph, q, estimators, the analyses' reads) depends on the
+data's shapes; only its arrays (:class:`~blrppl.estimators.base.PlanArrays`)
+depend on their values. :func:`record_plan` makes the first plan under a
+:func:`~blrppl.graph.tape.recording`, so that the data-dependent arithmetic
+of the symbolic analysis is on a tape, and returns with the plan (exactly
+today's) a :class:`Replanner`: one compiled function from the model's data
+arrays to the plan's arrays, and whether
+
+- every value-dependent decision of the first planning holds for the new
+  data (a term dropped for a zero coefficient, a ``where`` on data, data
+  used as an index: the tape's guards), and
+- the observations are finite and inside their distributions' supports
+  (outside masked positions), as :mod:`blrppl.graph.validate` checks them.
+
+When both hold, :meth:`Replanner.plan_for` returns the plan for the new data
+(the reference plan with new arrays and the new arguments); else None, and
+the caller plans on the host (which raises the proper ``ModelError`` for bad
+data). ``jax.vmap`` of the same function replans a batch of data sets at once
+(:mod:`blrppl.engines.batch`).
+
+Plans whose arrays come from elsewhere than the recorded analyses (k-means
+starts from observations, GLM design matrices, missing-data masks, point
+estimates' initial values, minibatch plans, models that need concrete data)
+get no replanner: they are planned on the host every time, as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any, Callable, Mapping, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
+from jax._src.lax import lax as lax_internal
+from numpyro.distributions import constraints
+
+from blrppl.blr.config import Config
+from blrppl.blr.plan import Plan, make_plan
+from blrppl.estimators.base import example_latents
+from blrppl.graph import tape
+from blrppl.graph.data import ModelData, split_model_data
+from blrppl.graph.dependencies import output_dependencies
+from blrppl.graph.families import base_distribution
+from blrppl.graph.replay import replay
+from blrppl.symbolic.compiled import Analysis
+
+
+class Replanner(NamedTuple):
+    """A plan's arrays as one compiled function of the model's data (module docstring).
+
+    Attributes:
+      plan: the reference plan (planned on the host from the first data).
+      replan: ``data arrays -> (factor leaves, ok)``, jitted (vmap-able).
+      compiled: ``replan`` compiled for the reference shapes.
+      treedef: the structure of ``plan.arrays.factors``.
+      constants: per leaf of it, the reference value where it does not depend
+        on the data, else None (the replayed value is used).
+      batched: ``data arrays -> (PlanArrays, ok)`` vmapped over a leading
+        batch axis of every array (every leaf of the result gets it), jitted.
+    """
+
+    plan: Plan
+    replan: Callable
+    compiled: Any
+    treedef: Any
+    constants: tuple
+    batched: Callable
+
+    def arrays_for(self, factor_leaves: list, data_arrays: tuple) -> Any:
+        """The plan's :class:`~blrppl.estimators.base.PlanArrays` from replayed leaves."""
+        leaves = iter(factor_leaves)
+        merged = [c if c is not None else next(leaves) for c in self.constants]
+        factors = jax.tree_util.tree_unflatten(self.treedef, merged)
+        return self.plan.arrays._replace(factors=factors, data=tuple(data_arrays))
+
+    def plan_for(self, data: ModelData) -> Optional[Plan]:
+        """The plan for new data of the reference signature, or None (plan on the host)."""
+        try:
+            leaves, ok = self.compiled(tuple(data.arrays))
+        except (TypeError, ValueError):  # arguments the compiled planner was not built for
+            return None
+        if not bool(ok):
+            return None
+        return self.with_data(self.arrays_for(leaves, data.arrays), data)
+
+    def with_data(self, arrays: Any, data: ModelData) -> Plan:
+        """The reference plan with new arrays, its graph holding the new arguments."""
+        args, kwargs = data.rebuild()
+        graph = dataclasses.replace(self.plan.graph, model_args=args, model_kwargs=kwargs)
+        plan = dataclasses.replace(self.plan, graph=graph, arrays=arrays)
+        plan.__dict__["signature"] = self.plan.signature  # the same structure, shapes and dtypes
+        return plan
+
+
+def record_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any], config: Config):
+    """``make_plan``, and its :class:`Replanner` (None where the plan cannot be replayed).
+
+    The plan is exactly what :func:`~blrppl.blr.plan.make_plan` returns.
+    """
+    data = split_model_data(model_args, model_kwargs)
+    if not data.arrays:
+        return make_plan(model, model_args, model_kwargs, config), None
+    try:
+        with tape.recording(data.arrays) as rec, warnings.catch_warnings():
+            warnings.simplefilter("ignore", np.exceptions.ComplexWarning)
+            plan = make_plan(model, model_args, model_kwargs, config)
+    except Exception:  # noqa: BLE001 - whatever the recording tripped on, plain planning says it properly
+        return make_plan(model, model_args, model_kwargs, config), None
+    leaves, treedef = jax.tree_util.tree_flatten(plan.arrays.factors)
+    plan = _concrete(plan)
+    reason = rec.failed or _unsupported(plan)
+    if reason is not None:
+        return plan, None
+    try:
+        replanner = _build(plan, rec, leaves, treedef, data)
+    except Exception:  # noqa: BLE001 - no fast path; the host plan stands
+        return plan, None
+    return plan, replanner
+
+
+def _concrete(plan: Plan) -> Plan:
+    """The plan with every Dual read as its numpy value (what make_plan computes without a tape)."""
+    estimators = tuple(_concrete_estimator(e) for e in plan.estimators)
+    starts = tuple(_concrete_estimator(e) for e in plan.start_estimators)
+    factors = {f: _strip(a) for f, a in plan.arrays.factors.items()}
+    arrays = tape.strip(plan.arrays._replace(factors=factors))
+    return dataclasses.replace(plan, estimators=estimators, start_estimators=starts, arrays=arrays)
+
+
+def _concrete_estimator(est: Any) -> Any:
+    arrays = _strip(est.arrays)
+    analysis = arrays if est.analysis is est.arrays else _strip(est.analysis)
+    return est._replace(arrays=arrays, analysis=analysis)
+
+
+def _strip(tree: Any) -> Any:
+    """Duals read as numpy values; an analysis's coefficients as the Python floats they are untaped."""
+    if not isinstance(tree, Analysis):
+        return tape.strip(tree)
+    terms = tuple(
+        dataclasses.replace(t, coeff=float(t.coeff.value) if tape.is_dual(t.coeff) else t.coeff, operand=tape.strip(t.operand))
+        for t in tree.terms
+    )
+    return dataclasses.replace(tree, terms=terms)
+
+
+def _unsupported(plan: Plan) -> Optional[str]:
+    """Why the plan's arrays are not all replayed from the tape, or None."""
+    graph = plan.graph
+    if plan.data_static or any(e.closed_data for e in plan.estimators):
+        return "the model needs concrete data"
+    if plan.subsample is not None or plan.imputed or plan.orphans or plan.init_params:
+        return "minibatches, missing data or point estimates"
+    if any(node.observed_mask is not None for node in graph.variables.values()):
+        return "missing data"
+    for est in plan.estimators + plan.start_estimators:
+        if est.arrays is not None and not isinstance(est.arrays, Analysis):
+            return f"the estimator of {est.factor!r} reads arrays computed from the data"
+    if any("points" in entry for entry in plan.arrays.starts.values()):
+        return "starts computed from the observations"
+    return None
+
+
+def _build(plan: Plan, rec: tape.Recording, leaves: list, treedef: Any, data: ModelData) -> Replanner:
+    constants, nodes, avals = [], [], []
+    for leaf, value in zip(leaves, jax.tree_util.tree_leaves(plan.arrays.factors)):
+        if tape.is_dual(leaf):
+            constants.append(None)
+            nodes.append(leaf.node)
+            avals.append(jax.typeof(value))
+        else:
+            constants.append(leaf)
+    order = tape.needed(nodes, rec.guards)
+    guards = list(rec.guards)
+    observations_ok = _observation_checks(plan)
+
+    def replan(arrays):
+        values, ok = tape.replay(order, nodes, guards, arrays)
+        values = [lax_internal._convert_element_type(v, a.dtype, weak_type=a.weak_type) for v, a in zip(values, avals)]
+        return values, ok & observations_ok(arrays)
+
+    def full(arrays):
+        values, ok = replan(arrays)
+        it = iter(values)
+        factors = jax.tree_util.tree_unflatten(treedef, [c if c is not None else next(it) for c in constants])
+        return plan.arrays._replace(factors=factors, data=tuple(arrays)), ok
+
+    fn = jax.jit(replan)
+    compiled = fn.lower(tuple(data.arrays)).compile()
+    return Replanner(plan, fn, compiled, treedef, tuple(constants), jax.jit(jax.vmap(full)))
+
+
+def _observation_checks(plan: Plan) -> Callable:
+    """``data arrays -> bool``: the observations are valid (see :mod:`blrppl.graph.validate`).
+
+    Raises:
+      ValueError: when a latent's distribution depends on the data (its start
+        would be stale) or an observation cannot be checked here.
+    """
+    graph = plan.graph
+    values = {}
+    for v, value in example_latents(graph).items():
+        values.update(value if isinstance(value, dict) else {v: value})
+
+    def sites(arrays):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return replay(graph, values, {}, data=arrays)
+
+    def prior_leaves(*arrays):
+        return [jax.tree.leaves(s.fn) for s in sites(arrays).values() if not s.is_observed and s.fn is not None]
+
+    deps = output_dependencies(prior_leaves, *graph.data.arrays)
+    if any(deps.outputs):
+        raise ValueError("a latent's distribution depends on the data")
+
+    def check(arrays):
+        ok = jnp.asarray(True)
+        for site in sites(arrays).values():
+            if site.is_observed and site.fn is not None:
+                ok = ok & _valid(site)
+        return ok
+
+    return check
+
+
+def _valid(site: Any) -> jax.Array:
+    fn, value = site.fn, jnp.asarray(site.value)
+    if isinstance(base_distribution(fn), dist.Delta):
+        raise ValueError("Delta observations are checked on the host")
+    batch_ndim = value.ndim - fn.event_dim
+    good = jnp.ones(value.shape[:batch_ndim], bool)
+    if jnp.issubdtype(value.dtype, jnp.inexact):
+        good = good & jnp.all(jnp.isfinite(value).reshape(value.shape[:batch_ndim] + (-1,)), -1)
+    support, base = fn.support, fn.support
+    while isinstance(base, constraints._IndependentConstraint):
+        base = base.base_constraint
+    if support is not None and not isinstance(base, (constraints._Dependent, constraints._Real)):
+        inside = jnp.asarray(support(value), bool)
+        inside = jnp.all(inside.reshape(inside.shape[:batch_ndim] + (-1,)), -1) if inside.ndim > batch_ndim else inside
+        good = good & jnp.broadcast_to(inside, good.shape)
+    if site.mask is not None:
+        good = good | ~jnp.broadcast_to(jnp.asarray(site.mask, bool), good.shape)
+    return jnp.all(good)

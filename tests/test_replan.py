@@ -1,0 +1,183 @@
+"""Compile once, fit many: new data of the same shapes are planned by one compiled call.
+
+The first plan records the data arithmetic of the symbolic analysis
+(:mod:`blrppl.graph.tape`); later data of the same shapes are replanned by
+replaying it (:mod:`blrppl.blr.replan`): the model is not traced, nothing is
+compiled, and the plan equals the one the host would make. Data that would
+change a decision of the first plan (a term dropped for a zero coefficient)
+or fail validation are planned on the host, which says what is wrong.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+
+import blrppl
+from blrppl.blr.plan import make_plan
+from blrppl.graph.data import split_model_data
+from models import ZOO
+
+CASES = [
+    ("normal_mean_precision", blrppl.VMP),
+    ("eight_schools_noncentered", blrppl.NonConjugateVI),
+    ("linear_regression", blrppl.VMP),
+    ("beta_bernoulli", blrppl.ConjugateBayes),
+]
+
+
+def moved(kwargs, args, seed):
+    """The data with float observations moved a little (binary ones flipped), same shapes."""
+    rng = np.random.default_rng(seed)
+
+    def move(leaf):
+        array = np.asarray(leaf)
+        if not np.issubdtype(array.dtype, np.floating):
+            return leaf
+        if set(np.unique(array)) <= {0.0, 1.0}:
+            flip = rng.random(array.shape) < 0.3
+            return jnp.asarray(np.where(flip, 1.0 - array, array), array.dtype)
+        return jnp.asarray(array + 0.1 * (1.0 + np.std(array)) * rng.normal(size=array.shape), array.dtype)
+
+    return jax.tree.map(move, (args, kwargs))
+
+
+def counted(model):
+    calls = {"n": 0}
+
+    def wrapped(*args, **kwargs):
+        calls["n"] += 1
+        return model(*args, **kwargs)
+
+    wrapped.__name__ = getattr(model, "__name__", "model")
+    return wrapped, calls
+
+
+class Compiles:
+    """Counts XLA compilations while active (JAX's monitoring events)."""
+
+    def __init__(self):
+        self.count = 0
+        self.on = False
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+
+    def _listen(self, event, duration, **kwargs):
+        if self.on and event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+
+COMPILES = Compiles()
+
+
+@pytest.mark.parametrize("name, engine_cls", CASES, ids=[c[0] for c in CASES])
+def test_replanned_arrays_equal_the_host_plan(name, engine_cls):
+    entry = ZOO[name]
+    args, kwargs = entry.data()
+    engine = engine_cls(entry.model)
+    first = engine.plan(*args, **kwargs)
+    plain = make_plan(entry.model, args, kwargs, engine.config)
+    assert first.signature == plain.signature  # recording the first plan changes nothing in it
+    for a, b in zip(jax.tree.leaves(first.arrays), jax.tree.leaves(plain.arrays)):
+        assert type(a) is type(b)
+        np.testing.assert_array_equal(a, b)
+    replanner = engine.replanner(*args, **kwargs)
+    assert replanner is not None
+    new_args, new_kwargs = moved(kwargs, args, 3)
+    replanned = replanner.plan_for(split_model_data(new_args, new_kwargs))
+    assert replanned is not None
+    host = make_plan(entry.model, new_args, new_kwargs, engine.config)
+    assert replanned.signature == host.signature
+    for a, b in zip(jax.tree.leaves(replanned.arrays), jax.tree.leaves(host.arrays)):
+        assert jnp.shape(a) == jnp.shape(b) and jnp.result_type(a) == jnp.result_type(b)
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    assert replanned.graph.model_kwargs.keys() == new_kwargs.keys()
+    for key in new_kwargs:
+        assert replanned.graph.model_kwargs[key] is new_kwargs[key]
+
+
+def test_a_second_run_neither_traces_the_model_nor_compiles(rng_key):
+    entry = ZOO["normal_mean_precision"]
+    args, kwargs = entry.data()
+    model, calls = counted(entry.model)
+    engine = blrppl.VMP(model)
+    engine.run(rng_key, 50, *args, progress_bar=False, tol=1e-8, **kwargs)
+    new_args, new_kwargs = moved(kwargs, args, 1)
+    calls["n"], COMPILES.count, COMPILES.on = 0, 0, True
+    try:
+        second = engine.run(rng_key, 50, *new_args, progress_bar=False, tol=1e-8, **new_kwargs)
+    finally:
+        COMPILES.on = False
+    assert calls["n"] == 0, "the model was traced again"
+    assert COMPILES.count == 0, "the second call compiled"
+    fresh = blrppl.VMP(entry.model).run(rng_key, 50, *new_args, progress_bar=False, tol=1e-8, **new_kwargs)
+    np.testing.assert_allclose(second.elbo, fresh.elbo, rtol=1e-12)
+    for a, b in zip(jax.tree.leaves(second.natural_params), jax.tree.leaves(fresh.natural_params)):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def bernoulli_coin(y=None):
+    p = numpyro.sample("p", dist.Beta(2.0, 2.0))
+    with numpyro.plate("N", y.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(p), obs=y)
+
+
+def test_data_that_change_the_plan_are_planned_on_the_host(rng_key):
+    y = jnp.asarray([0.0, 1.0, 1.0, 0.0, 1.0, 0.0])
+    engine = blrppl.ConjugateBayes(bernoulli_coin)
+    engine.run(rng_key, 1, y=y, progress_bar=False)
+    replanner = engine.replanner(y=y)
+    assert replanner is not None
+    # Equal counts of ones and zeros: the symbolic analysis drops a term whose coefficient vanishes
+    # where the first data kept it; a changed decision is a failed guard, and the host plans.
+    for new in (jnp.zeros(6), jnp.ones(6), jnp.asarray([1.0, 1.0, 1.0, 1.0, 0.0, 0.0])):
+        host = make_plan(bernoulli_coin, (), {"y": new}, engine.config)
+        replanned = replanner.plan_for(split_model_data((), {"y": new}))
+        if replanned is None:
+            continue
+        assert replanned.signature == host.signature
+        for a, b in zip(jax.tree.leaves(replanned.arrays), jax.tree.leaves(host.arrays)):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    for new in (jnp.zeros(6), jnp.ones(6)):
+        result = engine.run(rng_key, 1, y=new, progress_bar=False)
+        expected = dist.Beta(2.0 + float(new.sum()), 2.0 + 6 - float(new.sum())).mean
+        np.testing.assert_allclose(result.posterior["p"].mean, expected, rtol=1e-10)
+
+
+def test_invalid_new_data_are_reported_as_on_the_first_call(rng_key):
+    entry = ZOO["normal_mean_precision"]
+    args, kwargs = entry.data()
+    engine = blrppl.VMP(entry.model)
+    engine.run(rng_key, 5, *args, progress_bar=False, **kwargs)
+    y = np.asarray(kwargs["y"]).copy()
+    y[3] = np.nan
+    assert engine.replanner(*args, y=y).plan_for(split_model_data(args, {"y": y})) is None
+    with pytest.raises(blrppl.ModelError, match="NaN"):
+        engine.run(rng_key, 5, *args, progress_bar=False, y=y)
+    coin = blrppl.ConjugateBayes(bernoulli_coin)
+    coin.run(rng_key, 1, y=jnp.asarray([0.0, 1.0, 1.0]), progress_bar=False)
+    with pytest.raises(blrppl.ModelError, match="outside the support"):
+        coin.run(rng_key, 1, y=jnp.asarray([0.0, 2.0, 1.0]), progress_bar=False)
+
+
+def test_a_batch_is_replanned_in_one_call_and_equals_single_fits(rng_key):
+    entry = ZOO["normal_mean_precision"]
+    args, kwargs = entry.data()
+    rng = np.random.default_rng(5)
+    ys = np.stack([rng.normal(rng.normal(), 1.0 + rng.random(), size=np.shape(kwargs["y"])) for _ in range(5)])
+    model, calls = counted(entry.model)
+    blrppl.VMP(model).plan(*args, y=ys[0])
+    one_plan, calls["n"] = calls["n"], 0
+    engine = blrppl.VMP(model)
+    batch = engine.run_batched(rng_key, 100, *args, tol=1e-10, y=ys)
+    # Data set 0 is planned on the host (and its checks traced once more, vmapped); the others are not traced.
+    assert calls["n"] <= one_plan + 1, "every data set was traced"
+    for i in (1, 3):
+        alone = blrppl.VMP(entry.model).run(jax.random.fold_in(rng_key, i), 100, *args, tol=1e-10, progress_bar=False, y=ys[i])
+        np.testing.assert_allclose(batch[i].elbo, alone.elbo, rtol=1e-12)
+        np.testing.assert_allclose(batch[i].posterior["mu"].mean, alone.posterior["mu"].mean, rtol=1e-12)
+        assert batch[i].plan.graph.model_kwargs["y"].shape == ys[i].shape
+    ys[2, 0] = np.nan  # fails the compiled checks, so it is planned on the host, which reports it
+    with pytest.raises(blrppl.ModelError, match="NaN"):
+        engine.run_batched(rng_key, 100, *args, tol=1e-10, y=ys)
