@@ -13,6 +13,9 @@ matplotlib.use("Agg")
 # that stays in the default run). They carry the ``slow`` marker, which the
 # default run deselects (setup.cfg); ``pytest -m slow`` runs them.
 SLOW = (
+    "tests/engines/test_svi_nonconjugate.py::test_poisson_glm_both_modes_reach_the_full_batch_optimum",
+    "tests/engines/test_svi_nonconjugate.py::test_logistic_regression_both_modes_reach_the_full_batch_optimum",
+    "tests/engines/test_svi_nonconjugate.py::test_monte_carlo_on_the_subsample_reaches_the_full_batch_optimum",
     "tests/test_calibration.py::test_exact_posteriors_are_calibrated[beta_bernoulli]",
     "tests/test_calibration.py::test_exact_posteriors_are_calibrated[ridge]",
     "tests/engines/test_robustness.py::test_likelihoods_without_conjugate_structure",

@@ -161,7 +161,10 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
     for name in graph.factors:
         obs_plate = full_plate if name in plate_factors else None
         try:
-            estimator, edges = choose_estimator(graph, name, qs, examples, init_params, config.estimators, obs_plate)
+            estimator, edges = choose_estimator(
+                graph, name, qs, examples, init_params, config.estimators, obs_plate,
+                plate if name in plate_factors else None,
+            )
         except ModelError as error:
             if config.posterior_in_family:
                 raise ModelError(
