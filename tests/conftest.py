@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 # that stays in the default run). They carry the ``slow`` marker, which the
 # default run deselects (setup.cfg); ``pytest -m slow`` runs them.
 SLOW = (
+    "tests/test_sharding.py::test_glm_and_svi_on_two_and_four_devices_equal_one",
     "tests/engines/test_svi_nonconjugate.py::test_poisson_glm_both_modes_reach_the_full_batch_optimum",
     "tests/engines/test_svi_nonconjugate.py::test_logistic_regression_both_modes_reach_the_full_batch_optimum",
     "tests/engines/test_svi_nonconjugate.py::test_monte_carlo_on_the_subsample_reaches_the_full_batch_optimum",
