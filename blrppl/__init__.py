@@ -18,6 +18,8 @@ from blrppl.tracing import trace
 from blrppl.choosing import choose
 from blrppl.results import BLRResult
 from blrppl.saving import load
+from blrppl import sharding
+from blrppl.sharding import shard
 from blrppl.compilation_cache import enable_compilation_cache, enable_from_environment
 
 enable_from_environment()
@@ -39,6 +41,7 @@ __all__ = [
     "VMP",
     "__version__",
     "choose",
+    "shard",
     "enable_compilation_cache",
     "load",
     "trace",

@@ -17,6 +17,10 @@ matplotlib.use("Agg")
 # default run deselects (setup.cfg); ``pytest -m slow`` runs them.
 SLOW = (
     "tests/test_data_as_arguments.py::test_second_run_on_new_data_equals_a_fresh_fit[eight_schools_noncentered]",
+    "tests/test_sharding.py::test_glm_and_svi_on_two_and_four_devices_equal_one",
+    "tests/engines/test_svi_nonconjugate.py::test_poisson_glm_both_modes_reach_the_full_batch_optimum",
+    "tests/engines/test_svi_nonconjugate.py::test_logistic_regression_both_modes_reach_the_full_batch_optimum",
+    "tests/engines/test_svi_nonconjugate.py::test_monte_carlo_on_the_subsample_reaches_the_full_batch_optimum",
     "tests/test_calibration.py::test_exact_posteriors_are_calibrated[beta_bernoulli]",
     "tests/test_calibration.py::test_exact_posteriors_are_calibrated[ridge]",
     "tests/engines/test_robustness.py::test_likelihoods_without_conjugate_structure",

@@ -14,6 +14,15 @@ of v's mean parameters and ``W_t[n]`` the product of the term's reads of the
 observation's own scale), never a copy of v's natural parameters; the sum over
 observations is kept as a running aggregate ``A_t = einsum(op_t, W_t)`` that
 each minibatch updates by its difference.
+
+A GLM factor with estimated site parameters (Gauss-Hermite on its linear
+predictors, :mod:`blrppl.estimators.glm`) stores two numbers per observation
+and neighbour instead: the x coefficient b_n and the second-order coefficient
+c_n of its site on the predictor η_n (Khan & Lin 2017), whose contribution to
+v's natural parameters is (a_n b_n, c_n a_n a_nᵀ). Refreshing a minibatch
+blends its sites, (b, c) ← (1 - ρ)(b, c) + ρ (b, c)(μ) (Eq. 60), and adds the
+difference of the contributions to the aggregate: O(N) numbers, never
+O(N D²).
 """
 
 from __future__ import annotations
@@ -50,14 +59,20 @@ class IncrementalStore:
         self.plate_factors = plate_factors
         self.obs_size = obs_size
         self.entries: dict[str, list[_TermStore]] = {}
+        self.glm: dict[str, list] = {}  # variable -> GLM factors' estimators
         for est in self.estimators:
             if est.factor not in plate_factors:
+                continue
+            if est.observation_sites is not None:
+                for v in est.neighbours:
+                    self.glm.setdefault(v, []).append(est)
                 continue
             analysis = est.analysis
             if analysis is None:
                 raise ModelError(
-                    f"site {est.factor!r}: incremental (local-mode) SVI needs exact site "
-                    "parameters for factors in the subsampled plate; use mode='global'."
+                    f"site {est.factor!r}: incremental (local-mode) SVI needs exact site parameters, or "
+                    f"a GLM likelihood (per-observation sites), for factors in the subsampled plate; "
+                    f"this factor is estimated by {est.method.label!r}; use mode='global'."
                 )
             for v in est.neighbours:
                 if v in local_vars:
@@ -89,7 +104,9 @@ class IncrementalStore:
                         _TermStore(est.factor, v, term, index, v_reads[0], others, tuple(w_labels), tuple(a_labels))
                     )
         self.obs_label = {
-            est.factor: est.analysis.obs_label for est in self.estimators if est.factor in plate_factors
+            est.factor: est.analysis.obs_label
+            for est in self.estimators
+            if est.factor in plate_factors and est.analysis is not None
         }
 
     # -- shapes ---------------------------------------------------------------
@@ -122,8 +139,16 @@ class IncrementalStore:
                 w = jnp.zeros([sizes[lab] for lab in entry.w_labels])
                 a = jnp.zeros([sizes[lab] for lab in entry.a_labels])
                 store[f"{v}/{i}"] = {"W": w, "A": a}
+        dtype = jnp.result_type(float)
+        for v, ests in self.glm.items():
+            for est in ests:
+                store[f"{v}/glm/{est.factor}"] = {
+                    "b": jnp.zeros((self.obs_size,), dtype),
+                    "c": jnp.zeros((self.obs_size,), dtype),
+                    "A": jax.tree.map(jnp.zeros_like, mean[v]),
+                }
         outside = {}
-        for v in self.entries:
+        for v in set(self.entries) | set(self.glm):
             for est in self.estimators:
                 if v in est.neighbours and est.factor not in self.plate_factors:
                     _, grads = est.estimate(jax.random.key(0), mean, params, arrays)
@@ -210,6 +235,19 @@ class IncrementalStore:
             grads = jax.grad(expected)(q.to_value_layout(mean[v]))
             site = q.from_value_layout(grads)
             total = site if total is None else jax.tree.map(jnp.add, total, site)
+        # GLM factors: swap the minibatch's two-number sites (Eq. 60).
+        for est in self.glm.get(v, []):
+            key = f"{v}/glm/{est.factor}"
+            sites = est.observation_sites
+            rows, b_fresh, c_fresh = sites.fresh(mean, params, arrays, batch)[v]
+            entry = store[key]
+            b_old, c_old = jnp.take(entry["b"], batch), jnp.take(entry["c"], batch)
+            b_new = (1.0 - rho) * b_old + rho * b_fresh  # Eq. 60, per observation
+            c_new = (1.0 - rho) * c_old + rho * c_fresh
+            change = sites.contribution(v, rows, b_new - b_old, c_new - c_old)
+            a = jax.tree.map(jnp.add, entry["A"], change)
+            store[key] = {"b": entry["b"].at[batch].set(b_new), "c": entry["c"].at[batch].set(c_new), "A": a}
+            total = a if total is None else jax.tree.map(jnp.add, total, a)
         return total, store
 
 

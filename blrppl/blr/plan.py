@@ -24,6 +24,7 @@ from numpyro.distributions.transforms import biject_to
 
 from blrppl.blr.config import MAX_JOINT_SIZE, Config
 from blrppl.blr.orphans import integrate_orphans, masked_graph, orphan_rows
+from blrppl.blr.sharding import follow_data_sharding
 from blrppl.blr.starts import start_arrays
 from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, PlanArrays, example_latents, q_space_examples
@@ -164,7 +165,10 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
     for name in graph.factors:
         obs_plate = full_plate if name in plate_factors else None
         try:
-            estimator, edges = choose_estimator(graph, name, qs, examples, init_params, config.estimators, obs_plate)
+            estimator, edges = choose_estimator(
+                graph, name, qs, examples, init_params, config.estimators, obs_plate,
+                plate if name in plate_factors else None,
+            )
         except ModelError as error:
             if config.posterior_in_family:
                 raise ModelError(
@@ -188,7 +192,7 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
         subsample = Subsample(plate, _local_axes(graph, qs, plate), plate_factors)
     data_static = not _data_traceable(graph, init_params)
     arrays = PlanArrays(
-        factors={est.factor: est.arrays for est in estimators},
+        factors=follow_data_sharding({est.factor: est.arrays for est in estimators}, graph.data.arrays),
         data=None if data_static else graph.data.arrays,
         starts=start_arrays(graph, qs, estimators, config.init),
         params=dict(init_params),
@@ -529,4 +533,4 @@ def plan_signature(plan: Plan) -> tuple:
 def _structure(tree: Any) -> tuple:
     """A tree's structure (compared by value, static index arrays included) and leaf shapes."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    return (treedef, tuple((tuple(np.shape(x)), str(np.asarray(x).dtype)) for x in leaves))
+    return (treedef, tuple((tuple(np.shape(x)), str(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype)) for x in leaves))

@@ -127,14 +127,33 @@ def svi(
     *,
     mode: str = "global",
     learning_rate: Union[float, Callable] = robbins_monro(1.0, 0.7),
+    estimator: Union[str, Mapping[str, str]] = "exact",
+    num_samples: int = 16,
     families: Optional[Mapping[str, str]] = None,
     order: Optional[Sequence[str]] = None,
     init: Optional[Mapping[str, Any]] = None,
+    average: Optional[bool] = None,
 ) -> Config:
-    """Stochastic VI: minibatches, local ρ = 1, global ρ_t (Sec. 5.3, Hoffman et al. 2013)."""
+    """Stochastic VI: minibatches, local ρ = 1, global ρ_t (Sec. 5.3, Hoffman et al. 2013).
+
+    ``estimator="exact"`` (the default) keeps every factor exact and refuses
+    non-conjugate ones; any other choice (``"auto"``, ``"quadrature"``,
+    ``"mc"``, ``"delta"``, or a dict per factor) keeps the conjugate factors
+    exact and estimates the others on each minibatch (Sec. 5.4 on
+    minibatches: GLM likelihoods by Gauss-Hermite on the batch's linear
+    predictors, others by Monte Carlo), with the N / M scaling.
+    """
+    if isinstance(estimator, Mapping):
+        options = EstimatorOptions(choice=dict(estimator), fallback="auto", num_samples=num_samples)
+    elif estimator == "exact":
+        options = EXACT._replace(num_samples=num_samples)
+    else:
+        if estimator not in ("auto", "mc", "delta", "quadrature"):
+            raise ValueError(f"estimator must be 'exact', 'auto', 'mc', 'delta' or 'quadrature', got {estimator!r}.")
+        options = EstimatorOptions(choice="exact", fallback=estimator, num_samples=num_samples)
     return make_config(
-        name="SVI", mode=mode, schedule="sequential", learning_rate=learning_rate, estimators=EXACT,
-        families=families or {}, order=order, init=init or {}, minibatch=True,
+        name="SVI", mode=mode, schedule="sequential", learning_rate=learning_rate, estimators=options,
+        families=families or {}, order=order, init=init or {}, minibatch=True, average=average,
     )
 
 

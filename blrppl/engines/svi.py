@@ -21,6 +21,19 @@ class SVI(Engine):
     pass at ρ = 1 is exact for a conjugate model with one global latent. It is
     the same BLR step as every other engine (guards, averaging and EM's
     M-step included), with a minibatch.
+
+    Non-conjugate likelihoods (``estimator="auto"``, or ``"quadrature"``,
+    ``"mc"``, ``"delta"``, or a dict per factor; the default ``"exact"``
+    refuses them): conjugate factors stay exact, the others get estimated
+    site parameters on each minibatch, read by re-running the model on the
+    batch's rows (O(M) per step). A GLM likelihood (``Bernoulli(logits=X @
+    beta)``, ``Poisson(jnp.exp(X @ beta))``) gets Gauss-Hermite on the
+    batch's linear predictors; in ``mode="local"`` each observation keeps its
+    two numbers (E[ℓ'] and E[ℓ''] of its predictor, Khan & Lin 2017) and a
+    minibatch swaps its own (Eq. 60), so the iterates settle at the full-data
+    fixed point with a constant ρ. Gaussian q start from a Newton (Laplace)
+    fit to a fixed subsample of M rows rescaled to N. ``average`` turns on
+    iterate averaging (default: with Monte Carlo site parameters).
     """
 
     def __init__(
@@ -29,10 +42,17 @@ class SVI(Engine):
         *,
         mode: str = "global",
         learning_rate: Union[float, Callable] = robbins_monro(1.0, 0.7),
+        estimator: Union[str, Mapping[str, str]] = "exact",
+        num_samples: int = 16,
         families: Optional[Mapping[str, str]] = None,
         order: Optional[Sequence[str]] = None,
         init: Optional[Mapping[str, Any]] = None,
+        average: Optional[bool] = None,
     ):
         super().__init__(
-            model, presets.svi(mode=mode, learning_rate=learning_rate, families=families, order=order, init=init)
+            model,
+            presets.svi(
+                mode=mode, learning_rate=learning_rate, estimator=estimator, num_samples=num_samples,
+                families=families, order=order, init=init, average=average,
+            ),
         )

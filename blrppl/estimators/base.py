@@ -118,6 +118,15 @@ class FactorEstimator(NamedTuple):
         configurations are evaluated one at a time (``lax.map``), and
         restarts run one after another, never as a batched LAPACK call
         (:func:`blrppl.graph.jaxpr.lapack_primitives`).
+      subsample: for an estimated factor in a subsampled plate, that
+        :class:`~blrppl.graph.nodes.Plate`: ``estimate(..., batch=idx)``
+        re-runs the model on the minibatch's rows only (the unscaled
+        minibatch sum), and ``batch=None`` sums every row in chunks of M
+        (:mod:`blrppl.estimators.minibatch`).
+      observation_sites: for a GLM factor in a subsampled plate, its
+        per-observation two-number sites (a
+        :class:`~blrppl.estimators.glm.ObservationSites`), which local-mode
+        SVI stores and swaps (Eq. 60); else None.
     """
 
     factor: str
@@ -128,6 +137,8 @@ class FactorEstimator(NamedTuple):
     analysis: Any = None
     closed_data: bool = False
     sequential: bool = False
+    subsample: Any = None
+    observation_sites: Any = None
 
 
 def var_info(q: Any) -> VarInfo:
@@ -174,6 +185,7 @@ def factor_log_density(
     observation_plate: Any = None,
     elementwise: bool = False,
     split_jacobian: bool = False,
+    subsample: Any = None,
 ) -> Callable[[Mapping[str, Any], Mapping[str, Any]], jax.Array]:
     """``log f(values, params)``: one factor's log density summed over its plates.
 
@@ -192,6 +204,9 @@ def factor_log_density(
     densities, the Jacobian term), whose sums make the log density.
     ``data`` (the model's array arguments, ``graph.data.arrays`` layout) runs
     the model on other data than it was traced with (None: the traced data).
+    With a ``subsample`` plate (stochastic VI), ``indices`` (length M) re-run
+    the model on those rows of the plate only, and the result is their
+    *unscaled* log density (numpyro's N / M scale of the plate divided out).
     """
     node = graph.factors[factor]
     own = owner(graph, factor)
@@ -199,7 +214,9 @@ def factor_log_density(
     # data are observed: there the latent is a dummy; its q stays the prior.
     imputed = own is not None and graph.variables[own].observed_mask is not None
 
-    def log_factor(values: Mapping[str, Any], params: Mapping[str, Any], data: Any = None) -> jax.Array:
+    def log_factor(
+        values: Mapping[str, Any], params: Mapping[str, Any], data: Any = None, indices: Any = None
+    ) -> jax.Array:
         constrained = {}
         jacobian = 0.0
         for name, value in {**fixed, **values}.items():
@@ -215,7 +232,8 @@ def factor_log_density(
             constrained[name] = transform(value)
             if name == own:
                 jacobian = jnp.sum(transform.log_abs_det_jacobian(value, constrained[name]))
-        site = replay(graph, constrained, params, data=data)[factor]
+        plate_indices = None if indices is None else {subsample.name: indices}
+        site = replay(graph, constrained, params, plate_indices, data=data)[factor]
         value = safe_observation(site)
         fn = site.fn
         while imputed and isinstance(fn, dist.MaskedDistribution):
@@ -228,6 +246,8 @@ def factor_log_density(
             log_prob = jnp.where(site.mask, log_prob, 0.0)
         if site.scale is not None:
             log_prob = log_prob * site.scale
+        if indices is not None:  # the minibatch's unscaled sum: numpyro scaled it by N / M
+            log_prob = log_prob * (jnp.shape(indices)[0] / subsample.size)
         if split_jacobian:
             return jnp.ravel(log_prob), jnp.asarray(jacobian, jnp.result_type(log_prob))
         if elementwise:

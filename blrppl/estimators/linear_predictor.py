@@ -52,11 +52,14 @@ class LinearPredictor(NamedTuple):
       log_likelihood: ``(eta (..., n), data) -> (..., n)``, elementwise in η;
         ``data`` are the arrays ``fn`` was given (None: the ones it was
         analysed with), so the data can be an argument of compiled code.
+      predict: ``(z, data) -> eta (n,)``, the affine map itself on other data
+        of the same shapes (a minibatch's design rows are its Jacobian).
     """
 
     design: Array
     offset: Array
     log_likelihood: Callable[[Array], Array]
+    predict: Callable[..., Array] = None
 
 
 class _Flat:
@@ -201,9 +204,12 @@ def find_linear_predictor(
         leaves = data_leaves if leaves is None else jax.tree_util.tree_leaves(leaves)
         return {source: z, **dict(zip(data_refs, leaves))}
 
-    def predictor(z: Array) -> Array:
-        (eta,) = flat.run(inputs(z, None), [eta_id], stop=position)
+    def predict(z: Array, data: Any = None) -> Array:
+        (eta,) = flat.run(inputs(z, data), [eta_id], stop=position)
         return jnp.reshape(eta, (num_obs,))
+
+    def predictor(z: Array) -> Array:
+        return predict(z, None)
 
     def log_likelihood(eta: Array, data: Any = None) -> Array:
         def one(e: Array) -> Array:
@@ -218,7 +224,7 @@ def find_linear_predictor(
     offset = predictor(jnp.zeros_like(z0))
     if not _checks_pass(lambda z: fn(z, data), predictor, log_likelihood, design, offset, z0, rtol):
         return None
-    return LinearPredictor(design, offset, log_likelihood)
+    return LinearPredictor(design, offset, log_likelihood, predict)
 
 
 def _checks_pass(fn, predictor, log_likelihood, design, offset, z0, rtol) -> bool:

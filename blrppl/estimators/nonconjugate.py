@@ -45,7 +45,9 @@ from blrppl.estimators.enumeration import (
     is_enumerable,
     plan_enumeration,
 )
+from blrppl.estimators.glm import minibatch_glm_or_none
 from blrppl.estimators.linear_predictor import LinearPredictor, find_linear_predictor
+from blrppl.estimators.minibatch import rows_or_all
 from blrppl.estimators.monte_carlo import monte_carlo
 from blrppl.estimators.quadrature import (
     gauss_hermite,
@@ -73,6 +75,7 @@ def nonconjugate_estimator(
     method: str,
     num_samples: int,
     reason: str,
+    plate: Any = None,
 ) -> FactorEstimator:
     """A delta / Monte Carlo / quadrature estimator for one non-conjugate factor.
 
@@ -88,6 +91,12 @@ def nonconjugate_estimator(
     (:mod:`~blrppl.estimators.enumeration`): the estimator of the continuous
     ones runs once per configuration of the discrete ones, and the discrete
     site parameters are gradients of the enumerated expectation.
+
+    With a subsampled ``plate`` (stochastic VI), ``estimate(..., batch=idx)``
+    re-runs the model on the minibatch's rows and returns their unscaled sum
+    (:mod:`~blrppl.estimators.minibatch`; a GLM by Gauss-Hermite on the
+    batch's predictors, :mod:`~blrppl.estimators.glm`); the factor must touch
+    global latents only, none of them discrete.
 
     Raises:
       ModelError: when a neighbour's q is a discrete chain, or quadrature is
@@ -108,9 +117,15 @@ def nonconjugate_estimator(
                 "Gaussian, Gamma, InverseGamma, Beta, Dirichlet, Wishart, Bernoulli and Categorical q. "
                 f"Rewrite the factor so that it is conjugate in {v!r}."
             )
+    if plate is not None:
+        _check_minibatch(graph, factor, neighbours, discrete, plate)
     transforms = {v: q.transform for v, q in qs.items() if q.transform is not None}
     fixed = {k: v for k, v in examples.items() if k not in neighbours}
-    if method in ("auto", "quadrature") and gaussians and not others and not discrete:
+    if plate is not None and method in ("auto", "quadrature") and gaussians and not others:
+        found = minibatch_glm_or_none(graph, factor, qs, examples, transforms, fixed, plate)
+        if found is not None:
+            return found
+    elif method in ("auto", "quadrature") and gaussians and not others and not discrete:
         found = glm_linear_predictor(graph, factor, qs, examples, transforms, fixed)
         if found is not None:
             return _predictor_estimator(factor, qs, *found)
@@ -142,6 +157,18 @@ def nonconjugate_estimator(
                 "linear-Gaussian."
             )
     expectation = expectation_over(factor, qs, neighbours, method, num_samples, sequential=sequential)
+    if plate is not None:
+        log_rows = factor_log_density(
+            graph, factor, transforms, fixed, use_canonical=False, observation_plate=plate, subsample=plate
+        )
+
+        def estimate_rows(rng_key, mean, params, arrays, idx, weights):
+            return expectation(rng_key, mean, lambda values: jnp.sum(weights * log_rows(values, params, arrays.data, idx)))
+
+        return FactorEstimator(
+            factor, neighbours, Method((), neighbours, method), rows_or_all(estimate_rows, plate),
+            sequential=sequential, subsample=plate,
+        )
     gaussian_likelihood = None
     if method in ("cubature", "delta") and not others:
         gaussian_likelihood = mvn_likelihood_parts(graph, factor, qs, transforms, fixed, gaussians)
@@ -201,11 +228,29 @@ def _enumerated_estimator(graph, factor, qs, examples, method, num_samples, disc
 
 
 def refuse_minibatch(factor: str, batch: Any) -> None:
-    """Estimated site parameters read all observations: no ``batch`` (SVI) yet."""
+    """A factor planned without minibatches (full data) is never given a ``batch``."""
     if batch is not None:
         raise ModelError(
-            f"site {factor!r}: minibatches of non-conjugate factors are not supported yet; "
-            "use SVI on conjugate models."
+            f"site {factor!r}: this estimator was planned for full data and cannot read a minibatch; "
+            "plan the fit with SVI (the factor must sit in the subsampled plate)."
+        )
+
+
+def _check_minibatch(graph: FactorGraph, factor: str, neighbours: Sequence[str], discrete, plate: Any) -> None:
+    """Minibatch site parameters of an estimated factor reach continuous global latents only."""
+    for v in neighbours:
+        if plate.name in graph.variables[v].plates:
+            raise ModelError(
+                f"site {factor!r}: the factor is not conjugate and touches {v!r}, a latent local to the "
+                f"subsampled plate {plate.name!r}; estimated minibatch site parameters are not implemented "
+                "for plate-local latents; make the factor conjugate in the local latent, or fit the model "
+                "without subsample_size (NonConjugateVI)."
+            )
+    if discrete:
+        raise ModelError(
+            f"site {factor!r}: the factor is not conjugate and touches the discrete {list(discrete)}; "
+            "enumerated site parameters on minibatches are not implemented; fit the model without "
+            "subsample_size (NonConjugateVI), or marginalise the discrete variable in the model."
         )
 
 

@@ -19,6 +19,7 @@ from blrppl.estimators.base import ESTIMATORS, FactorEstimator
 from blrppl.estimators.block_hybrid import block_hybrid_estimator
 from blrppl.estimators.exact import exact_estimator
 from blrppl.estimators.hybrid import hybrid_estimator
+from blrppl.estimators.minibatch import fixed_subsample, on_rows
 from blrppl.estimators.nonconjugate import nonconjugate_estimator
 from blrppl.graph.nodes import Edge, FactorGraph
 from blrppl.symbolic.terms import NonConjugate
@@ -131,8 +132,13 @@ def choose_estimator(
     params: Mapping[str, Any],
     options: EstimatorOptions,
     plate: Any = None,
+    subsample: Any = None,
 ) -> tuple[FactorEstimator, dict]:
     """One factor's estimator and the verdicts of its edges.
+
+    ``plate``: the full-size plate of the exact analysis of a factor in a
+    subsampled plate; ``subsample``: that plate with its minibatch size
+    (N, M), which estimated factors read minibatches of (stochastic VI).
 
     Raises:
       ModelError: for a non-conjugate factor where only exact site parameters
@@ -143,10 +149,14 @@ def choose_estimator(
     explicit = isinstance(options.choice, Mapping) and name in options.choice
     unknown = {v: Edge() for v in node.neighbours}
     if options.forced is not None:
-        estimator = nonconjugate_estimator(graph, name, qs, examples, options.forced, options.num_samples, "Laplace")
+        estimator = nonconjugate_estimator(
+            graph, name, qs, examples, options.forced, options.num_samples, "Laplace", subsample
+        )
         return estimator, unknown
     if explicit and choice in ESTIMATORS + ("auto",) and not options.exact_only:
-        estimator = nonconjugate_estimator(graph, name, qs, examples, choice, options.num_samples, "chosen by the user")
+        estimator = nonconjugate_estimator(
+            graph, name, qs, examples, choice, options.num_samples, "chosen by the user", subsample
+        )
         return estimator, unknown
     try:
         return exact_estimator(graph, name, qs, examples, params, plate), exact_verdicts(graph, name)
@@ -156,10 +166,14 @@ def choose_estimator(
         reason = edges[var].reason if var in edges else error.reason
     method = choice if choice != "exact" else options.fallback
     if method is None or options.exact_only:
+        engines = (
+            "SVI(model, estimator='auto') on minibatches, NonConjugateVI on full data"
+            if subsample is not None
+            else "NonConjugateVI, or BLR with estimator='mc', 'delta' or 'quadrature'"
+        )
         raise ModelError(
             f"site {name!r}: the factor is not conjugate in {var!r} ({reason}); "
-            "use an engine with non-conjugate estimators (NonConjugateVI, or BLR with "
-            "estimator='mc', 'delta' or 'quadrature') or rewrite the model with conjugate priors."
+            f"use an engine with non-conjugate estimators ({engines}) or rewrite the model with conjugate priors."
         )
     if method in ("auto", "quadrature") and any(qs[v].joint for v in node.neighbours):
         try:  # one large joint block: exact given its few transformed coordinates, Gauss-Hermite in those
@@ -167,7 +181,9 @@ def choose_estimator(
         except (NonConjugate, ModelError):
             pass
     uncertain = tuple(v for v in node.neighbours if edges[v].conjugate is False)
-    if 0 < len(uncertain) < len(node.neighbours):
+    # On minibatches a hybrid factor is estimated in every edge (its exact part on a
+    # minibatch is not implemented); on full data only the non-conjugate edges are.
+    if 0 < len(uncertain) < len(node.neighbours) and subsample is None:
         try:
             estimator = hybrid_estimator(graph, name, qs, examples, params, uncertain, method, options.num_samples)
             return estimator, edges
@@ -178,7 +194,7 @@ def choose_estimator(
             f"site {name!r}: the factor is not conjugate in {var!r} ({reason}) and touches "
             f"point estimates {list(node.param_neighbours)}; EM needs exact expected log factors."
         )
-    return nonconjugate_estimator(graph, name, qs, examples, method, options.num_samples, reason), edges
+    return nonconjugate_estimator(graph, name, qs, examples, method, options.num_samples, reason, subsample), edges
 
 
 def with_verdicts(graph: FactorGraph, verdicts: Verdicts) -> FactorGraph:
@@ -202,15 +218,22 @@ def delta_estimator(
 
     Returns None when the factor is exact, or when an estimated neighbour is
     not Gaussian (its site parameters would stay Monte Carlo, too noisy for
-    a guarded Newton start).
+    a guarded Newton start). A minibatch factor's start reads a fixed
+    subsample of M rows, rescaled to N
+    (:func:`~blrppl.estimators.minibatch.on_rows`): never a pass over all rows.
     """
     method = estimator.method
     if not method.estimated or any(not qs[v].family.gaussian for v in method.estimated):
         return None
     name = estimator.factor
+    plate = estimator.subsample
     if method.exact:
         try:
             return hybrid_estimator(graph, name, qs, examples, params, method.estimated, "delta", num_samples)
         except (NonConjugate, ModelError):
             return None
-    return nonconjugate_estimator(graph, name, qs, examples, "delta", num_samples, "start")
+    start = nonconjugate_estimator(graph, name, qs, examples, "delta", num_samples, "start", plate)
+    if plate is None:
+        return start
+    rows = fixed_subsample(plate.size, plate.subsample_size)
+    return start._replace(estimate=on_rows(start.estimate, rows, plate.size / len(rows)))
