@@ -83,15 +83,15 @@ def steady_climb(elbo: Any, stopped: bool) -> tuple[str, ...]:
     every step of it gained, and the last half gained over one nat, the
     answer is flagged instead of being returned as a slow convergence.
     """
-    elbo = jnp.asarray(elbo)
+    elbo = np.asarray(elbo, dtype=float)
     n = int(elbo.size)
-    if stopped or n < CLIMB_MIN_STEPS or not bool(jnp.all(jnp.isfinite(elbo))):
+    if stopped or n < CLIMB_MIN_STEPS or not bool(np.all(np.isfinite(elbo))):
         return ()
     quarter = n // 4
-    gains = jnp.diff(elbo[-2 * quarter - 1 :])
+    gains = np.diff(elbo[-2 * quarter - 1 :])
     before, last = gains[:quarter], gains[quarter:]
-    rate_before, rate_last = float(jnp.mean(before)), float(jnp.mean(last))
-    climbing = bool(jnp.all(last > 0)) and rate_before > 0 and rate_last >= 0.7 * rate_before
+    rate_before, rate_last = float(np.mean(before)), float(np.mean(last))
+    climbing = bool(np.all(last > 0)) and rate_before > 0 and rate_last >= 0.7 * rate_before
     if not climbing or float(elbo[-1] - elbo[-2 * quarter - 1]) <= 1.0:
         return ()
     return (
