@@ -43,6 +43,7 @@ from models import (
     poisson_regression,
     radon,
     stochastic_volatility,
+    ucbadmit,
 )
 
 
@@ -90,6 +91,7 @@ ZOO: dict[str, ZooModel] = {
         ("baseball", baseball),
         ("log_mix", log_mix),
         ("gp", gp),
+        ("ucbadmit", ucbadmit),
     ]
 }
 

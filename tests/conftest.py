@@ -71,6 +71,8 @@ SLOW = (
     "tests/engines/test_state_space.py::test_vector_state_smoother_equals_dense_conditioning[scan-sequential]",
     "tests/engines/test_disguised_families.py::test_log_mix_with_a_beta_weight_is_exact",
     "tests/engines/test_enumeration_meanfield.py",
+    "tests/engines/test_enumeration_mixture.py",
+    "tests/engines/test_ucbadmit.py::test_ucbadmit",
     "tests/test_examples.py::test_state_space_example_writes_the_nile_figure",
     "tests/estimators/test_gaussian_estimators.py::test_monte_carlo_on_several_blocks",
     "tests/families/test_chain_gaussian_family.py::test_from_numpyro_dense_block_tridiagonal_mvn",

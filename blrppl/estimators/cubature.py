@@ -73,6 +73,24 @@ def degree5_rule(dim: int) -> tuple[np.ndarray, np.ndarray]:
     return nodes[keep], weights[keep]
 
 
+def spherical_rule(dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes (2d, d) and weights of the degree-3 spherical rule for N(0, I_d): ±√d eᵢ, 1 / (2d).
+
+    Exact for every polynomial of total degree <= 3, positive weights in any
+    dimension (the cubature Kalman filter's rule; Arasaratnam & Haykin 2009).
+    Used past :data:`MAX_CUBATURE_DIM`, where the degree-5 rule's weights turn
+    negative. With Bonnet and Price, E[g] is then exact for log f of degree
+    4 and E[H] for degree 5.
+    """
+    eye = np.eye(dim) * math.sqrt(dim)
+    return np.concatenate([eye, -eye]), np.full(2 * dim, 1.0 / (2 * dim))
+
+
+def cubature_rule(dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """The degree-5 rule up to :data:`MAX_CUBATURE_DIM`, the degree-3 spherical rule beyond."""
+    return degree5_rule(dim) if dim <= MAX_CUBATURE_DIM else spherical_rule(dim)
+
+
 def cubature(
     *,
     sequential: bool = False,
@@ -105,7 +123,7 @@ def cubature(
         shapes = [jnp.shape(b.x) for b in blocks]
         sizes = [math.prod(s) for s in shapes]
         dim = sum(sizes)
-        nodes, weights = (np.zeros((1, dim)), np.ones(1)) if at_mean else degree5_rule(dim)
+        nodes, weights = (np.zeros((1, dim)), np.ones(1)) if at_mean else cubature_rule(dim)
         locs, scales = [], []
         for block in blocks:
             loc, scale = loc_scale(block)

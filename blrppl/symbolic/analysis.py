@@ -12,8 +12,8 @@ from blrppl.graph.data import DATA_ERRORS
 from blrppl.symbolic.compiled import Analysis
 from blrppl.symbolic.interpret import Interpreter
 from blrppl.symbolic.resolve import resolve
-from blrppl.symbolic.statistics import VarInfo, is_index_kind
-from blrppl.symbolic.terms import Labels, NonConjugate, Poly, Term, constant, variable
+from blrppl.symbolic.statistics import BERNOULLI, CATEGORICAL, VarInfo, is_index_kind
+from blrppl.symbolic.terms import Index, Labels, NonConjugate, Poly, Term, VarAtom, constant, variable
 from blrppl.symbolic.values import categorical_variable
 
 
@@ -61,10 +61,14 @@ def analyse(
     space = Labels()
     categorical = {}
     args = []
+    binary = {name for name in names if infos[name].kind == BERNOULLI}
     for name in names:
         info = infos[name]
         shape = tuple(np.shape(example_values[name]))
-        if is_index_kind(info.kind):
+        if name in binary:
+            categorical[name] = (shape, 2)
+            args.append(categorical_variable(name, shape, space))
+        elif is_index_kind(info.kind):
             categorical[name] = (shape, info.num_categories)
             args.append(categorical_variable(name, shape, space))
         else:
@@ -79,9 +83,39 @@ def analyse(
             out = constant(out, space)
     if len(out.shape) > 1:
         raise ValueError("log_factor must return a scalar or a vector over observations")
+    if binary:
+        out = _binary_as_indicator(out, binary)
+        infos = {
+            name: VarInfo(CATEGORICAL, info.shape, info.num_batch, 2) if name in binary else info
+            for name, info in infos.items()
+        }
     for name in names:
         if is_index_kind(infos[name].kind) and any(
             a.var == name and a.kind == "cat" for t in out.terms for a in t.atoms
         ):
             raise NonConjugate(name, f"the categorical {name!r} is used as a number, not as an index")
     return resolve(out, infos, space)
+
+
+def _binary_as_indicator(poly: Poly, binary: set) -> Poly:
+    """A Bernoulli used as a number: z = one_hot(z)_1 (and z ** p = z for z in {0, 1}).
+
+    A Bernoulli latent is interpreted as a two-category index, so that
+    ``mu[z]`` and ``z == 1`` enumerate it like a Categorical; where it is used
+    as a number instead (``z * beta``, ``z log p + (1 - z) log(1 - p)``), its
+    value is the indicator of category 1. Its reads are then all one-hot
+    reads, whose products at one position pair as ``one_hot_j one_hot_k =
+    delta_jk one_hot_k`` (the Bernoulli's value layout supplies ``one_hot`` =
+    (1 - p, p)).
+    """
+    one = Index((), np.array(1))
+
+    def convert(atom: VarAtom) -> VarAtom:
+        if atom.var not in binary or atom.kind != "cat":
+            return atom
+        if atom.power <= 0 or atom.power.denominator != 1:
+            raise NonConjugate(atom.var, f"{atom.var!r} ** {atom.power} of a Bernoulli latent")
+        return VarAtom(atom.var, "one_hot", atom.index + (one,), sizes=atom.sizes + (2,))
+
+    terms = tuple(Term(t.coeff, t.operands, tuple(convert(a) for a in t.atoms)) for t in poly.terms)
+    return Poly(poly.shape, poly.labels, terms, poly.selectors)

@@ -16,7 +16,8 @@ Mean parameters are given in *value layout*: for a variable of shape
 - Gaussian: ``x`` (shape ``batch + block``) and ``xx`` (``batch + block + block``,
   ``E[x x^T]`` within a block; ``E[x^2]`` when the block is scalar),
 - Gamma: ``x``, ``log_x``; InverseGamma: ``inv_x``, ``log_x``;
-  Beta: ``log_x``, ``log1m_x``; Dirichlet: ``log_x``; Bernoulli: ``x``;
+  Beta: ``log_x``, ``log1m_x``; Dirichlet: ``log_x``; Bernoulli: ``x`` (read as
+  an index, ``mu[z]``, its one-hot statistic (1 - x, x) is derived from it);
   Categorical: ``one_hot`` (shape ``value + (K,)``); Wishart: ``x``, ``log_det_x``;
   chain Gaussian: ``x``, ``xx``, ``x_next`` (lag one); chain Categorical:
   ``one_hot`` (T, K) and ``pair`` (T-1, K, K), the marginals and neighbouring
@@ -127,7 +128,11 @@ def read_statistic(
       label per axis. A label repeated in the read reads a diagonal
       (``E[x_i^2]`` from ``E[x x^T]``).
     """
-    array = mean[read.var][read.stat]
+    stats = mean[read.var]
+    if read.stat == "one_hot" and "one_hot" not in stats:
+        array = jnp.stack([1.0 - stats["x"], stats["x"]], axis=-1)  # a Bernoulli read as an index
+    else:
+        array = stats[read.stat]
     index = []
     for idx in read.index:
         if batch is not None and obs in idx.labels:

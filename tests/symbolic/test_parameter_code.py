@@ -283,6 +283,37 @@ def mixture_full_block_means(rs):
     return Case(infos, mean, np.sum(r * vnk), msgs, log_factor, model, (y,), "y")
 
 
+def bernoulli_index(rs):
+    """loc = m[z] with Bernoulli z (the enumeration tutorial's spelling): m[z] = sum_k one_hot(z)_k m_k."""
+    N, sigma = 6, 0.7
+    prec = 1 / sigma**2
+    y = rs.randn(N)
+    infos = {"z": VarInfo("bernoulli", (N,), 1), "m": G((2,))}
+    mean = {"z": bernoulli(rs, (N,)), "m": gaussian(rs, (2,))}
+    z, m = mean["z"]["x"], mean["m"]
+    per_k = [-0.5 * LOG_2PI - math.log(sigma) - 0.5 * prec * (y**2 - 2 * y * m["x"][k] + m["xx"][k]) for k in (0, 1)]
+    value = np.sum((1 - z) * per_k[0] + z * per_k[1])
+    msgs = {
+        "z": {"x": per_k[1] - per_k[0]},
+        "m": {
+            "x": prec * np.array([np.sum((1 - z) * y), np.sum(z * y)]),
+            "xx": -0.5 * prec * np.array([np.sum(1 - z), np.sum(z)]),
+        },
+    }
+
+    def log_factor(v):
+        return jnp.sum(C._normal(y, v["m"][v["z"].astype(jnp.int32)], sigma))
+
+    def model(y):
+        with numpyro.plate("K", 2):
+            m = numpyro.sample("m", dist.Normal(0.0, 1.0))
+        with numpyro.plate("N", N):
+            z = numpyro.sample("z", dist.Bernoulli(probs=0.3))
+            numpyro.sample("y", dist.Normal(m[z], sigma), obs=y)
+
+    return Case(infos, mean, value, msgs, log_factor, model, (y,), "y")
+
+
 CASES.update(
     {
         "ard_prior": ard_prior,
@@ -290,6 +321,7 @@ CASES.update(
         "two_way_layout": two_way_layout,
         "known_weights": known_weights,
         "bernoulli_switch": bernoulli_switch,
+        "bernoulli_index": bernoulli_index,
         "lognormal_likelihood": lognormal_likelihood,
         "poisson_product_rate": poisson_product_rate,
         "mvn_scaled_wishart": mvn_scaled_wishart,
