@@ -35,6 +35,15 @@ if os.environ[_CACHE_VARIABLE] != "off":
 # that stays in the default run). They carry the ``slow`` marker, which the
 # default run deselects (setup.cfg); ``pytest -m slow`` runs them.
 SLOW = (
+    "tests/engines/test_robustness.py::test_multimodal_models_start_from_several_points_by_default",
+    "tests/families/test_chain_gaussian_passes.py::test_sequential_and_parallel_samplers_draw_the_same_paths[2]",
+    "tests/families/test_chain_gaussian_passes.py::test_chain_gaussian_mean_params_are_gradient_of_log_normalizer[2-",
+    "tests/test_examples.py::test_example_runs[vmp]",
+    "tests/test_restarts.py::test_by_default_only_restarts_at_the_best_optimum_are_chains",
+    "tests/engines/test_robustness.py::test_broad_priors_land_on_the_posterior[logistic_s1]",
+    "tests/engines/test_robustness.py::test_broad_priors_land_on_the_posterior[poisson_s1]",
+    "tests/test_save_load.py::test_point_estimates_and_restarts_round_trip",
+    "tests/families/test_chain_categorical.py::test_chain_categorical_batch_jit_and_vmap",
     "tests/test_data_as_arguments.py::test_second_run_on_new_data_equals_a_fresh_fit[eight_schools_noncentered]",
     "tests/test_sharding.py::test_glm_and_svi_on_two_and_four_devices_equal_one",
     "tests/engines/test_svi_nonconjugate.py::test_poisson_glm_both_modes_reach_the_full_batch_optimum",
