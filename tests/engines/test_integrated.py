@@ -10,6 +10,7 @@ so the tests hold it to 1e-3 (moments) and 1e-6 (log p(y)).
 Compiled fits are shared by module-scoped fixtures: one engine per model.
 """
 
+import logging
 import warnings
 
 import jax
@@ -127,6 +128,32 @@ def test_new_data_of_the_same_shapes_reuse_the_compiled_fit(schools):
     assert_moments(result.posterior, reference, ("mu", "tau", "theta"))
     compiled = [k for k in engine._conditionals if k[:1] != ("plan",)]
     assert len(compiled) == 2  # one compiled conditional fit and one choice of h (plus plans by data digest)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_new_data_of_the_same_shapes_compile_nothing(schools, name):
+    """Grid node counts change with the data; they stay on the host (or padded to a bucket), so
+    a fit and its posterior moments on new data run programs compiled for the first data."""
+    engine = schools[name][0]
+    # A first fit on new data compiles the re-planning path's few shape-free programs (once per
+    # process); the second, whose grid has other node counts, must compile nothing.
+    warm = engine.run(jax.random.key(0), 20, centred.SIGMA, y=np.asarray(centred.Y) * 0.7 - 1.0)
+    jax.block_until_ready((warm.posterior["mu"].mean, warm.posterior["tau"].variance))
+    y = np.asarray(centred.Y) * 1.6 + 3.0  # numpy: no device op of our own in the count
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("jax")
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles(True):
+            result = engine.run(jax.random.key(0), 20, centred.SIGMA, y=y)
+            posterior = result.posterior
+            jax.block_until_ready((posterior["mu"].mean, posterior["tau"].variance))
+    finally:
+        logger.removeHandler(handler)
+    assert result.fit.grid.num_evaluated != warm.fit.grid.num_evaluated  # the test bites
+    assert [m for m in messages if m.startswith("Compiling")] == []
 
 
 def test_draws_arviz_and_predictive(schools):
