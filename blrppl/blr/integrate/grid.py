@@ -101,6 +101,9 @@ class Grid(NamedTuple):
       best_above_mode: how far the best node's f lies above f(u*).
       capped: the grid stopped at ``max_nodes`` or at the largest reach.
       inner_steps: the most inner steps any kept node took.
+      unsettled_weight: normalised weight on evaluated nodes whose iterative inner fit ran
+        out of steps (0 for a one-step exact fit).
+      num_unsettled: how many evaluated nodes those are.
       num_non_finite: evaluated nodes where f was not finite (left out).
     """
 
@@ -119,6 +122,8 @@ class Grid(NamedTuple):
     capped: bool
     inner_steps: int
     num_non_finite: int = 0
+    unsettled_weight: float = 0.0
+    num_unsettled: int = 0
 
 
 def chunk_size(dim: int) -> int:
@@ -280,6 +285,7 @@ def build_grid(conditional: Any, arrays: Any, coords: Standardised, top: float, 
     log_norm = best + math.log(float(np.sum(np.exp(flat - best))))
     log_evidence = log_norm + k * math.log(step) + coords.log_det
     weights = np.exp(flat - log_norm)
+    unsettled = (np.concatenate(steps) >= conditional.num_steps) if conditional.num_steps > 1 else np.zeros(len(flat), bool)
     edge = sum(weights[i] for n, i in index.items() if any(m not in index for m in _neighbours(n)))
     modes = _count_modes(index, flat, best)
     keep = np.nonzero(flat >= best - drop)[0]
@@ -302,6 +308,8 @@ def build_grid(conditional: Any, arrays: Any, coords: Standardised, top: float, 
         capped=bool(capped),
         inner_steps=int(np.max(np.concatenate(steps)[keep])) if keep.size else 0,
         num_non_finite=int(np.sum(~np.isfinite(flat))),
+        unsettled_weight=float(np.sum(weights[unsettled])),
+        num_unsettled=int(np.sum(unsettled)),
     )
 
 
