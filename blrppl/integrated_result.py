@@ -64,12 +64,16 @@ def _supports(graph: Any) -> dict:
 PAD = 64
 
 
-def _padded(states: Any, log_weights: jax.Array) -> tuple[Any, jax.Array]:
-    """The nodes padded with copies of node 0 of weight zero, to a multiple of ``PAD``."""
+def _padded(states: Any, log_weights: jax.Array, u: Any = None) -> tuple:
+    """The nodes (states, log weights and u) padded with copies of node 0 of weight zero, to a
+    multiple of ``PAD``. On the host (numpy): a device op on the unpadded node count, which
+    changes with the data, would compile a program for every count."""
+    log_weights = np.asarray(log_weights)
     extra = -int(log_weights.shape[0]) % PAD
-    index = jnp.concatenate([jnp.arange(log_weights.shape[0]), jnp.zeros(extra, int)])
-    log_w = jnp.concatenate([log_weights, jnp.full(extra, -jnp.inf, log_weights.dtype)])
-    return _take(states, index), log_w
+    index = np.concatenate([np.arange(log_weights.shape[0]), np.zeros(extra, int)])
+    log_w = np.concatenate([log_weights, np.full(extra, -np.inf, log_weights.dtype)])
+    padded = jax.tree.map(lambda a: jax.device_put(np.asarray(a)[index]), states), jax.device_put(log_w)
+    return padded if u is None else padded + (jax.device_put(np.asarray(u)[index]),)
 
 
 def _take(tree: Any, k: Any) -> Any:
@@ -99,6 +103,12 @@ def _moments(conditional: Any, state: Any) -> dict:
 def _node_moments(conditional: Any, states: Any) -> dict:
     """:func:`_moments` of every node, one program per compiled conditional fit."""
     return jax.vmap(lambda state: _moments(conditional, state))(states)
+
+
+def _unpack_nodes(space: Any, u: jax.Array) -> dict:
+    """h's sites (constrained) at the rows of u (padded: its shape, hence the eager ops'
+    compiled programs, changes only with the bucket)."""
+    return jax.vmap(space.unpack)(u)
 
 
 def _marginals(conditional: Any, state: Any) -> dict:
@@ -290,7 +300,7 @@ class IntegratedResult:
     @property
     def weights(self) -> jax.Array:
         """The nodes' normalised weights, (K,)."""
-        return jnp.exp(self.fit.grid.log_weights)
+        return jax.device_put(np.exp(np.asarray(self.fit.grid.log_weights)))
 
     @property
     def nodes(self) -> dict:
@@ -356,7 +366,7 @@ class IntegratedResult:
 
     def _posterior(self) -> dict:
         fit = self.fit
-        states, log_w = _padded(fit.grid.states, fit.grid.log_weights)
+        states, log_w, u = _padded(fit.grid.states, fit.grid.log_weights, fit.grid.u)
         per_node = _node_moments(fit.conditional, states)
         supports = _supports(fit.plan.graph)
         out = {}
@@ -366,8 +376,8 @@ class IntegratedResult:
             support = supports.get(site, dist.constraints.real)
             out[site] = GridMixture(fit.conditional, site, states, log_w, m, v, c, support)
         graph = fit.plan.graph
-        for site, values in self.nodes.items():
-            out[site] = HyperMarginal(fit, site, values, fit.grid.log_weights, graph.params[site].constraint)
+        for site, values in _unpack_nodes(fit.conditional.space, u).items():
+            out[site] = HyperMarginal(fit, site, values, log_w, graph.params[site].constraint)
         return out
 
     def sample(self, rng_key: jax.Array, num_samples: int) -> dict:

@@ -38,6 +38,9 @@ from blrppl.blr.plan import make_plan
 from blrppl.graph.data import content_digest
 from blrppl.blr.integrate.grid import EDGE_TOL
 
+#: Posterior weight that unsettled inner fits may carry before the grid is flagged (as EDGE_TOL).
+UNSETTLED_TOL = 1e-4
+
 __all__ = [
     "Diagnostics",
     "IntegratedConfig",
@@ -59,7 +62,9 @@ class Diagnostics(NamedTuple):
       best_above_mode: how far the best grid node lies above the mode found.
       capped: the grid stopped at ``max_nodes`` or its largest reach before
         the density had dropped in every direction.
-      inner_converged: every iterative inner fit settled within ``inner_steps``.
+      inner_converged: the iterative inner fits that did not settle within ``inner_steps``
+        carry at most ``UNSETTLED_TOL`` of the posterior weight (a far-tail node whose fit
+        ran out of steps changes no moment the grid reports).
       experimental: the inner fits are Laplace's (INLA-like), a route not yet
         validated against a reference.
       num_non_finite: grid nodes where log p(y, h) was not finite (the
@@ -75,6 +80,8 @@ class Diagnostics(NamedTuple):
     inner_converged: bool
     experimental: bool = False
     num_non_finite: int = 0
+    unsettled_weight: float = 0.0
+    num_unsettled: int = 0
 
     @property
     def problems(self) -> list:
@@ -93,7 +100,10 @@ class Diagnostics(NamedTuple):
         if self.best_above_mode > 1e-3:
             out.append(f"a grid node lies {self.best_above_mode:.3g} above the mode found (another mode?)")
         if not self.inner_converged:
-            out.append("some inner fits did not settle within inner_steps")
+            out.append(
+                f"inner fits at {self.num_unsettled} grid nodes, carrying {self.unsettled_weight:.2g} of the "
+                "posterior weight, did not settle within inner_steps (raise inner_steps)"
+            )
         if self.num_non_finite:
             out.append(
                 f"log p(y, h) was not finite at {self.num_non_finite} grid nodes, left out of the integral "
@@ -191,9 +201,11 @@ def integrate(
         num_modes=grid.num_modes,
         best_above_mode=grid.best_above_mode,
         capped=grid.capped,
-        inner_converged=conditional.num_steps == 1 or grid.inner_steps < conditional.num_steps,
+        inner_converged=grid.unsettled_weight <= UNSETTLED_TOL,
         experimental=choice.inner == "laplace",
         num_non_finite=grid.num_non_finite,
+        unsettled_weight=grid.unsettled_weight,
+        num_unsettled=grid.num_unsettled,
     )
     return IntegratedFit(choice, plan, conditional, arrays, mode, grid, diagnostics, options)
 

@@ -134,10 +134,16 @@ class Conditional:
         """The plan's arrays with h(u) as the held point estimates."""
         return arrays._replace(params={**arrays.params, **self.space.unpack(u)})
 
-    def fit(self, u: jax.Array, arrays: Any) -> tuple[BLRState, jax.Array, jax.Array]:
-        """q(c | h(u)): ``(state, log_joint(u), num_steps run)`` (module docstring)."""
+    def start(self, u: jax.Array, arrays: Any) -> BLRState:
+        """The BLR's initial state for h(u)."""
+        return self.algorithm.init(jax.random.key(FIT_SEED), self.with_hyper(u, arrays))
+
+    def fit(self, u: jax.Array, arrays: Any, state: Any = None) -> tuple[BLRState, jax.Array, jax.Array]:
+        """q(c | h(u)): ``(state, log_joint(u), num_steps run)`` (module docstring); from
+        ``state`` (:meth:`start`'s) when given."""
+        if state is None:
+            state = self.start(u, arrays)
         arrays = self.with_hyper(u, arrays)
-        state = self.algorithm.init(jax.random.key(FIT_SEED), arrays)
         state, elbo = self.algorithm.step(state, arrays)
         elbo, steps = elbo.elbo, jnp.ones((), jnp.int32)
         if self.num_steps > 1:

@@ -90,7 +90,8 @@ class Grid(NamedTuple):
       u: the kept nodes on h's unconstrained space, (K, k).
       log_joint: f at the kept nodes, (K,).
       log_weights: normalised log weights of the kept nodes, (K,).
-      states: the conditional fits at the kept nodes (a state, leading axis K).
+      states: the conditional fits at the kept nodes (a state, leading axis K; no key: the
+        fits are deterministic).
       log_evidence: log p(y) by the trapezoidal rule over every evaluated node.
       step: δ.
       standardised: the :class:`Standardised` coordinates.
@@ -100,6 +101,9 @@ class Grid(NamedTuple):
       best_above_mode: how far the best node's f lies above f(u*).
       capped: the grid stopped at ``max_nodes`` or at the largest reach.
       inner_steps: the most inner steps any kept node took.
+      unsettled_weight: normalised weight on evaluated nodes whose iterative inner fit ran
+        out of steps (0 for a one-step exact fit).
+      num_unsettled: how many evaluated nodes those are.
       num_non_finite: evaluated nodes where f was not finite (left out).
     """
 
@@ -118,6 +122,8 @@ class Grid(NamedTuple):
     capped: bool
     inner_steps: int
     num_non_finite: int = 0
+    unsettled_weight: float = 0.0
+    num_unsettled: int = 0
 
 
 def chunk_size(dim: int) -> int:
@@ -133,8 +139,24 @@ def chunk_size(dim: int) -> int:
 
 
 @functools.partial(jax.jit, static_argnums=0)
+def _starts(conditional, u, arrays):
+    return jax.vmap(lambda x: conditional.start(x, arrays))(u)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _steps(conditional, u, arrays, start):
+    state, value, steps = jax.vmap(lambda x, s: conditional.fit(x, arrays, s))(u, start)
+    # The fits are deterministic: their key is not needed, and without it the states are plain
+    # arrays that the grid's bookkeeping slices on the host (numpy), so that node counts, which
+    # change with the data, never reach a compiled program (each new shape would compile one).
+    return state._replace(rng_key=None), value, steps
+
+
 def _fits(conditional, u, arrays):
-    return jax.vmap(lambda x: conditional.fit(x, arrays))(u)
+    # Two programs, not one: XLA (CPU) runs init and step compiled together 10-30x slower
+    # than the two apart on some plans (non-centred eight schools: ~10 ms against ~0.8 ms
+    # per 32 nodes; the cause, somewhere in XLA's fusion, was not found).
+    return _steps(conditional, u, arrays, _starts(conditional, u, arrays))
 
 
 def evaluate(conditional: Any, u: np.ndarray, arrays: Any, *, states: bool = True) -> Any:
@@ -154,11 +176,11 @@ def evaluate(conditional: Any, u: np.ndarray, arrays: Any, *, states: bool = Tru
         parts_value.append(np.asarray(value)[:size])
         parts_steps.append(np.asarray(steps)[:size])
         if states:
-            parts_state.append(jax.tree.map(lambda a: a[:size], state))
+            parts_state.append(jax.tree.map(lambda a: np.asarray(a)[:size], state))
     value = np.concatenate(parts_value)
     if not states:
         return value
-    state = parts_state[0] if len(parts_state) == 1 else jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts_state)
+    state = parts_state[0] if len(parts_state) == 1 else jax.tree.map(lambda *xs: np.concatenate(xs), *parts_state)
     return state, value, np.concatenate(parts_steps)
 
 
@@ -258,11 +280,12 @@ def build_grid(conditional: Any, arrays: Any, coords: Standardised, top: float, 
     flat = np.concatenate(values)
     nodes = list(index)
     lattice = np.asarray(nodes, dtype=int).reshape(len(nodes), k)
-    states = jax.tree.map(lambda *xs: jnp.concatenate(xs), *all_states)
+    states = jax.tree.map(lambda *xs: np.concatenate(xs), *all_states)
     best = float(np.max(flat))
     log_norm = best + math.log(float(np.sum(np.exp(flat - best))))
     log_evidence = log_norm + k * math.log(step) + coords.log_det
     weights = np.exp(flat - log_norm)
+    unsettled = (np.concatenate(steps) >= conditional.num_steps) if conditional.num_steps > 1 else np.zeros(len(flat), bool)
     edge = sum(weights[i] for n, i in index.items() if any(m not in index for m in _neighbours(n)))
     modes = _count_modes(index, flat, best)
     keep = np.nonzero(flat >= best - drop)[0]
@@ -270,10 +293,11 @@ def build_grid(conditional: Any, arrays: Any, coords: Standardised, top: float, 
     u = coords.mode + (step * lattice[keep]) @ coords.scale.T
     return Grid(
         lattice=lattice[keep],
-        u=jnp.asarray(u, jnp.result_type(float)),
-        log_joint=jnp.asarray(flat[keep]),
-        log_weights=jnp.asarray(kept_log),
-        states=jax.tree.map(lambda a: a[jnp.asarray(keep)], states),
+        # device_put, not jnp.asarray: in this JAX, asarray of a numpy array compiles a program per shape.
+        u=jax.device_put(np.asarray(u, jnp.result_type(float))),
+        log_joint=jax.device_put(flat[keep]),
+        log_weights=jax.device_put(kept_log),
+        states=jax.device_put(jax.tree.map(lambda a: a[keep], states)),
         log_evidence=float(log_evidence),
         step=float(step),
         standardised=coords,
@@ -284,6 +308,8 @@ def build_grid(conditional: Any, arrays: Any, coords: Standardised, top: float, 
         capped=bool(capped),
         inner_steps=int(np.max(np.concatenate(steps)[keep])) if keep.size else 0,
         num_non_finite=int(np.sum(~np.isfinite(flat))),
+        unsettled_weight=float(np.sum(weights[unsettled])),
+        num_unsettled=int(np.sum(unsettled)),
     )
 
 
