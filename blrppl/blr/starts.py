@@ -102,17 +102,27 @@ def initial_natural(
     return natural
 
 
+def start_tests(qs: Mapping[str, Any]) -> tuple:
+    """``(name, is_valid)`` per variable: the tests :func:`check_start` applies."""
+    return tuple((v, q.family.is_valid) for v, q in qs.items())
+
+
 def check_start(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> None:
     """A start outside the family (an improper prior pushed through the graph) is an error.
 
     Raises:
       ModelError: naming the first variable whose start is not a valid q.
     """
-    tests = tuple((v, q.family.is_valid) for v, q in qs.items())
+    tests = start_tests(qs)
     try:
         valid = np.asarray(_valid_starts(tests, {v: natural[v] for v in qs}))  # one compiled call, one sync
     except (TypeError, ValueError):  # a test that cannot be a static argument: check eagerly
         valid = [bool(jnp.all(q.family.is_valid(natural[v]))) for v, q in qs.items()]
+    raise_invalid_start(qs, valid)
+
+
+def raise_invalid_start(qs: Mapping[str, Any], valid: Any) -> None:
+    """Raise for the first variable whose start failed its test (``valid``: one flag per variable)."""
     for (v, q), ok in zip(qs.items(), valid):
         if not ok:
             raise ModelError(
