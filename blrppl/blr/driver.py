@@ -215,11 +215,21 @@ def init_with_restarts(
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
 def _init_with_restarts(algorithm, random_algorithm, tests, num_restarts, rng_key, arrays):
-    first = algorithm.init(rng_key, arrays)
     keys = jnp.stack([jax.random.fold_in(rng_key, c) for c in range(1, num_restarts)])
-    others = _over_restarts(random_algorithm, random_algorithm.init, (0, None), keys, arrays)
-    states = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, others)
-    return states, _valid(tests, first.natural)
+    stack = functools.partial(jax.tree.map, lambda a, b: jnp.concatenate([a[None], b]))
+    if algorithm.finish is None:
+        first = algorithm.init(rng_key, arrays)
+        others = _over_restarts(random_algorithm, random_algorithm.init, (0, None), keys, arrays)
+        states = stack(first, others)
+        return states, _valid(tests, first.natural)
+    # The starts differ (restart 0: the plain start; the others: random), the rest of
+    # init is the same: it is traced and compiled once, batched over all restarts.
+    first = algorithm.start(rng_key, arrays, False)
+    others = _over_restarts(algorithm, lambda k, a: algorithm.start(k, a, True), (0, None), keys, arrays)
+    natural, params = stack(first, others)
+    all_keys = jnp.concatenate([rng_key[None], keys])
+    states = _over_restarts(algorithm, algorithm.finish, (0, 0, 0, None), all_keys, natural, params, arrays)
+    return states, _valid(tests, jax.tree.map(lambda a: a[0], states.natural))
 
 
 @functools.partial(jax.jit, static_argnums=2)
