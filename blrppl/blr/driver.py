@@ -145,8 +145,9 @@ def run(
 
 
 def _head(buffer: jax.Array, end: int) -> jax.Array:
-    """``buffer[:end]``, cut on the host (no compiled slice per length)."""
-    return jnp.asarray(np.asarray(buffer)[:end])
+    """``buffer[:end]``, cut on the host (no compiled slice per length; ``device_put``
+    compiles nothing, where ``jnp.asarray`` of a host array stages a program per shape)."""
+    return jax.device_put(np.asarray(buffer)[:end])
 
 
 CONFIRMATIONS = 2
@@ -317,7 +318,7 @@ def run_restarts(
             break
     if bar is not None:
         bar.close()
-    return states, jnp.asarray(np.asarray(buffer)[:, :end]), jnp.asarray(ends), jnp.asarray(done)
+    return states, jax.device_put(np.asarray(buffer)[:, :end]), jax.device_put(ends), jax.device_put(done)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 9))

@@ -195,10 +195,10 @@ class Engine:
             raise ModelError(f"site {next(iter(plan.qs))!r}: every restart diverged; check the model and data.")
         state = driver.take(states, best)
         restarts = Restarts(
-            state=states, elbo=elbo, num_steps=jnp.asarray(num_run), best=best, finite=jnp.asarray(finite)
+            state=states, elbo=elbo, num_steps=jax.device_put(np.asarray(num_run)), best=best, finite=jax.device_put(np.asarray(finite))
         )
         best_stopped = bool(np.asarray(stopped)[best])
-        best_elbo = jnp.asarray(np.asarray(elbo)[best, : num_run[best]])  # cut on the host: no compiled slice
+        best_elbo = jax.device_put(np.asarray(elbo)[best, : num_run[best]])  # cut on the host: nothing compiles
         convergence = Convergence.of(best_stopped, tol, num_run[best], algorithm.noisy)
         flags = self._flags(plan, state, best_elbo, best_stopped) + disagreement(elbo, num_run, finite)
         return BLRResult(

@@ -161,12 +161,12 @@ def _positions(eqn: Any, params: dict, args: list) -> np.ndarray:
     out = evaluate(eqn.primitive.name, params, args, np.int32, tuple(eqn.outvars[0].aval.shape))
     if out is not None:
         return out
-    return np.asarray(eqn.primitive.bind(*[jnp.asarray(a) for a in args], **params))
+    return np.asarray(eqn.primitive.bind(*[jax.device_put(a) for a in args], **params))
 
 
 def _bind(prim: Any, params: dict, invals: Sequence[Any]) -> list:
     """A primitive on constant inputs, evaluated now (numpy outputs)."""
-    out = prim.bind(*[v if is_key(v) else jnp.asarray(v) for v in invals], **params)
+    out = prim.bind(*[v if is_key(v) else jax.device_put(v) for v in invals], **params)  # no staging compile
     outs = out if prim.multiple_results else [out]
     return [o if is_key(o) else np.asarray(o) for o in outs]
 
