@@ -145,13 +145,20 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             natural, sites = apply(v, natural, sites, msgs[v], r, batch)
         return natural, sites
 
-    def init(rng_key: jax.Array, arrays: Any) -> BLRState:
-        init_key, run_key = jax.random.split(rng_key)
+    def start(rng_key: jax.Array, arrays: Any, random: bool = random_starts) -> tuple[dict, dict]:
+        """The first half of ``init``: q's start and the point estimates (``random``: a restart's)."""
+        init_key, _ = jax.random.split(rng_key)
         natural = initial_natural(init_key, graph, qs, estimators, arrays, config.init)
         params = dict(arrays.params)
-        if random_starts:
+        if random:
             natural = random_start(jax.random.fold_in(init_key, 1), qs, natural, keep=config.init)
             params = random_params(jax.random.fold_in(init_key, 2), plan.param_transforms, params)
+        return natural, params
+
+    def finish(rng_key: jax.Array, natural: dict, params: dict, arrays: Any) -> BLRState:
+        """The second half of ``init``, from :func:`start`'s output."""
+        init_key, run_key = jax.random.split(rng_key)
+        natural = dict(natural)
         globals_ = tuple(v for v in ordered if v not in local)
         if local and globals_:
             # The local latents start from symmetry-breaking responsibilities; one
@@ -179,6 +186,10 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         if guard:
             state = state._replace(elbo=elbo(jax.random.fold_in(init_key, 3), state, arrays))
         return state
+
+    def init(rng_key: jax.Array, arrays: Any) -> BLRState:
+        natural, params = start(rng_key, arrays)
+        return finish(rng_key, natural, params, arrays)
 
     def attempt(state: BLRState, arrays: Any, r: jax.Array) -> tuple[BLRState, jax.Array]:
         t = state.step + 1
@@ -234,8 +245,11 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         )
 
     sequential = any(est.sequential for est in estimators)
+    # Restarts share ``finish`` with the plain start unless the plain start alone takes Newton steps.
+    shared = newton_start is None and not random_starts
     return InferenceAlgorithm(
-        init=init, step=step, elbo=lambda k, s, a: elbo(k, s, a), noisy=average, sequential=sequential
+        init=init, step=step, elbo=lambda k, s, a: elbo(k, s, a), noisy=average, sequential=sequential,
+        start=start if shared else None, finish=finish if shared else None,
     )
 
 

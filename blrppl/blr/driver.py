@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import tqdm.auto as tqdm
 
 from blrppl.blr.state import BLRState, InferenceAlgorithm
@@ -24,12 +25,29 @@ from blrppl.blr.watchdog import block_until_ready
 
 def init(algorithm: InferenceAlgorithm, rng_key: jax.Array, arrays: Any) -> BLRState:
     """``algorithm.init``, compiled once per algorithm."""
-    return _init(algorithm, rng_key, arrays)
+    return _init(algorithm, (), rng_key, arrays)[0]
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _init(algorithm, rng_key, arrays):
-    return algorithm.init(rng_key, arrays)
+def checked_init(
+    algorithm: InferenceAlgorithm, rng_key: jax.Array, arrays: Any, tests: tuple
+) -> tuple[BLRState, np.ndarray]:
+    """``algorithm.init`` and whether each start passes its test, in one compiled call.
+
+    ``tests`` is a tuple of ``(name, is_valid)`` pairs (static); the second
+    result holds ``all(is_valid(state.natural[name]))`` per pair, on the host.
+    """
+    state, valid = _init(algorithm, tests, rng_key, arrays)
+    return state, np.asarray(block_until_ready(valid))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _init(algorithm, tests, rng_key, arrays):
+    state = algorithm.init(rng_key, arrays)
+    return state, _valid(tests, state.natural)
+
+
+def _valid(tests: tuple, natural: Any) -> jax.Array:
+    return jnp.stack([jnp.all(is_valid(natural[v])) for v, is_valid in tests]) if tests else jnp.zeros(0, bool)
 
 
 def _buffer_length(num_steps: int) -> int:
@@ -86,16 +104,18 @@ def run(
     """
     num_steps = _check_steps(num_steps)
     state = init(algorithm, rng_key, arrays) if init_state is None else init_state
+    # The loop's inputs are made in numpy and its outputs read there: an eager
+    # jnp call on the host compiles a one-operation program per new shape.
     dtype = jnp.result_type(float)
-    threshold = jnp.asarray(-1.0 if tol is None else float(tol), dtype)
-    buffer = jnp.full((_buffer_length(num_steps),), jnp.nan, dtype)
-    previous = jnp.asarray(jnp.inf, dtype)
-    hits = jnp.zeros((), jnp.int32)
+    threshold = np.asarray(-1.0 if tol is None else float(tol), dtype)
+    buffer = np.full((_buffer_length(num_steps),), np.nan, dtype)
+    previous = np.asarray(np.inf, dtype)
+    hits = np.zeros((), np.int32)
     if not progress_bar:
         end, state, buffer, previous, hits = block_until_ready(_run_chunk(
-            algorithm, arrays, state, buffer, jnp.asarray(0, jnp.int32), jnp.asarray(num_steps, jnp.int32), previous, hits, threshold
+            algorithm, arrays, state, buffer, np.asarray(0, np.int32), np.asarray(num_steps, np.int32), previous, hits, threshold
         ))
-        return state, buffer[: int(end)], bool(hits >= CONFIRMATIONS)
+        return state, _head(buffer, int(end)), int(hits) >= CONFIRMATIONS
 
     chunk = -(-num_steps // num_updates)
     end = 0
@@ -107,8 +127,8 @@ def run(
                 arrays,
                 state,
                 buffer,
-                jnp.asarray(end, jnp.int32),
-                jnp.asarray(stop, jnp.int32),
+                np.asarray(end, np.int32),
+                np.asarray(stop, np.int32),
                 previous,
                 hits,
                 threshold,
@@ -117,11 +137,17 @@ def run(
             new_end = int(new_end)
             bar.update(new_end - end)
             end = new_end
-            done = bool(hits >= CONFIRMATIONS)
+            done = int(hits) >= CONFIRMATIONS
             bar.set_postfix(elbo=f"{float(previous):.6g}", converged=done)
             if done:
                 break
-    return state, buffer[:end], done
+    return state, _head(buffer, end), done
+
+
+def _head(buffer: jax.Array, end: int) -> jax.Array:
+    """``buffer[:end]``, cut on the host (no compiled slice per length; ``device_put``
+    compiles nothing, where ``jnp.asarray`` of a host array stages a program per shape)."""
+    return jax.device_put(np.asarray(buffer)[:end])
 
 
 CONFIRMATIONS = 2
@@ -171,6 +197,46 @@ def init_restarts(
     starts on data set c (see :func:`run_restarts`).
     """
     return _init_many(algorithm, rng_keys, arrays, batched_data)
+
+
+def init_with_restarts(
+    algorithm: InferenceAlgorithm, random_algorithm: InferenceAlgorithm, rng_key: jax.Array, num_restarts: int,
+    arrays: Any, tests: tuple,
+) -> tuple[BLRState, np.ndarray]:
+    """The starts of ``num_restarts`` restarts, stacked, in one compiled call.
+
+    Restart 0 is ``algorithm.init(rng_key)`` (the plain run's start), restart
+    c > 0 is ``random_algorithm.init(fold_in(rng_key, c))`` (see
+    :mod:`blrppl.blr.restarts`). The second result says, on the host, whether
+    restart 0's start passes each of ``tests`` (as :func:`checked_init`).
+    """
+    states, valid = _init_with_restarts(algorithm, random_algorithm, tests, num_restarts, rng_key, arrays)
+    return states, np.asarray(block_until_ready(valid))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _init_with_restarts(algorithm, random_algorithm, tests, num_restarts, rng_key, arrays):
+    keys = jnp.stack([jax.random.fold_in(rng_key, c) for c in range(1, num_restarts)])
+    stack = functools.partial(jax.tree.map, lambda a, b: jnp.concatenate([a[None], b]))
+    if algorithm.finish is None:
+        first = algorithm.init(rng_key, arrays)
+        others = _over_restarts(random_algorithm, random_algorithm.init, (0, None), keys, arrays)
+        states = stack(first, others)
+        return states, _valid(tests, first.natural)
+    # The starts differ (restart 0: the plain start; the others: random), the rest of
+    # init is the same: it is traced and compiled once, batched over all restarts.
+    first = algorithm.start(rng_key, arrays, False)
+    others = _over_restarts(algorithm, lambda k, a: algorithm.start(k, a, True), (0, None), keys, arrays)
+    natural, params = stack(first, others)
+    all_keys = jnp.concatenate([rng_key[None], keys])
+    states = _over_restarts(algorithm, algorithm.finish, (0, 0, 0, None), all_keys, natural, params, arrays)
+    return states, _valid(tests, jax.tree.map(lambda a: a[0], states.natural))
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def take(tree: Any, index: jax.Array, axis: int = 0) -> Any:
+    """Row ``index`` of every leaf of ``tree`` along ``axis``, in one compiled call."""
+    return jax.tree.map(lambda a: jnp.take(a, index, axis=axis), tree)
 
 
 def _over_restarts(algorithm: InferenceAlgorithm, fn, in_axes, *xs):
@@ -223,35 +289,36 @@ def run_restarts(
     num_steps = _check_steps(num_steps)
     num_restarts = int(jnp.shape(jax.tree.leaves(init_states.step)[0])[0])
     dtype = jnp.result_type(float)
-    threshold = jnp.asarray(-1.0 if tol is None else float(tol), dtype)
-    buffer = jnp.full((num_restarts, _buffer_length(num_steps)), jnp.nan, dtype)
-    previous = jnp.full((num_restarts,), jnp.inf, dtype)
-    hits = jnp.zeros((num_restarts,), jnp.int32)
+    threshold = np.asarray(-1.0 if tol is None else float(tol), dtype)  # host arrays: see run
+    buffer = np.full((num_restarts, _buffer_length(num_steps)), np.nan, dtype)
+    previous = np.full((num_restarts,), np.inf, dtype)
+    hits = np.zeros((num_restarts,), np.int32)
     states = init_states
-    ends = jnp.zeros((num_restarts,), jnp.int32)
+    ends = np.zeros((num_restarts,), np.int32)
+    done = np.zeros((num_restarts,), bool)
     chunk = num_steps if not progress_bar else -(-num_steps // num_updates)
     bar = tqdm.tqdm(total=num_steps) if progress_bar else None
     end = 0
     for stop in range(chunk, num_steps + chunk, chunk):
         stop = min(stop, num_steps)
-        stopped = hits >= CONFIRMATIONS
+        stopped = done
         new_ends, states, buffer, previous, hits = _run_chunks(
-            algorithm, arrays, states, buffer, jnp.asarray(end, jnp.int32), jnp.asarray(stop, jnp.int32),
+            algorithm, arrays, states, buffer, np.asarray(end, np.int32), np.asarray(stop, np.int32),
             previous, hits, threshold, batched_data,
         )
-        done = hits >= CONFIRMATIONS
-        block_until_ready((new_ends, states, previous, done))
-        ends = jnp.where(stopped, ends, new_ends)  # a restart stopped earlier keeps its end
-        new_end = int(jnp.max(ends))
+        block_until_ready((new_ends, states, previous, hits))
+        done = np.asarray(hits) >= CONFIRMATIONS
+        ends = np.where(stopped, ends, np.asarray(new_ends))  # a restart stopped earlier keeps its end
+        new_end = int(np.max(ends))
         if bar is not None:
             bar.update(new_end - end)
-            bar.set_postfix(elbo=f"{float(jnp.nanmax(previous)):.6g}")
+            bar.set_postfix(elbo=f"{float(np.nanmax(np.asarray(previous))):.6g}")
         end = new_end
-        if bool(jnp.all(done)):
+        if bool(np.all(done)):
             break
     if bar is not None:
         bar.close()
-    return states, buffer[:, :end], ends, hits >= CONFIRMATIONS
+    return states, jax.device_put(np.asarray(buffer)[:, :end]), jax.device_put(ends), jax.device_put(done)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 9))

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def restart_keys(rng_key: jax.Array, num_restarts: int) -> jax.Array:
@@ -65,18 +66,22 @@ def random_params(rng_key: jax.Array, transforms: Mapping[str, Any], params: Map
     return out
 
 
-def finite_state(state: Any, elbo: jax.Array) -> bool:
-    """Whether a run ended with finite natural parameters and a finite last ELBO."""
-    natural_ok = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(state.natural))
-    return natural_ok and (len(elbo) == 0 or bool(jnp.isfinite(elbo[-1])))
+def finite_state(state: Any, elbo: Any) -> bool:
+    """Whether a run ended with finite natural parameters and a finite last ELBO (read on the host)."""
+    natural_ok = all(bool(np.all(np.isfinite(np.asarray(x)))) for x in jax.tree.leaves(state.natural))
+    return natural_ok and (len(elbo) == 0 or bool(np.isfinite(np.asarray(elbo)[-1])))
 
 
 def best_restart(states: Any, elbo: jax.Array, num_run: list[int]) -> tuple[int, list[bool]]:
     """The restart with the highest final ELBO among the finite ones (-1: none), and which are finite."""
+    natural = jax.tree.map(np.asarray, states.natural)  # read once: no eager device ops per restart
+    elbo = np.asarray(elbo)
     finite = []
     for c, n in enumerate(num_run):
-        finite.append(finite_state(jax.tree.map(lambda a: a[c], states), elbo[c, :n]))
+        row = jax.tree.map(lambda a: a[c], natural)
+        finite.append(all(bool(np.all(np.isfinite(x))) for x in jax.tree.leaves(row))
+                      and (n == 0 or bool(np.isfinite(elbo[c, n - 1]))))
     if not any(finite):
         return -1, finite
-    finals = jnp.asarray([elbo[c, n - 1] if ok else -jnp.inf for c, (n, ok) in enumerate(zip(num_run, finite))])
-    return int(jnp.argmax(finals)), finite
+    finals = np.asarray([elbo[c, n - 1] if ok else -np.inf for c, (n, ok) in enumerate(zip(num_run, finite))])
+    return int(np.argmax(finals)), finite

@@ -102,17 +102,27 @@ def initial_natural(
     return natural
 
 
+def start_tests(qs: Mapping[str, Any]) -> tuple:
+    """``(name, is_valid)`` per variable: the tests :func:`check_start` applies."""
+    return tuple((v, q.family.is_valid) for v, q in qs.items())
+
+
 def check_start(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> None:
     """A start outside the family (an improper prior pushed through the graph) is an error.
 
     Raises:
       ModelError: naming the first variable whose start is not a valid q.
     """
-    tests = tuple((v, q.family.is_valid) for v, q in qs.items())
+    tests = start_tests(qs)
     try:
         valid = np.asarray(_valid_starts(tests, {v: natural[v] for v in qs}))  # one compiled call, one sync
     except (TypeError, ValueError):  # a test that cannot be a static argument: check eagerly
         valid = [bool(jnp.all(q.family.is_valid(natural[v]))) for v, q in qs.items()]
+    raise_invalid_start(qs, valid)
+
+
+def raise_invalid_start(qs: Mapping[str, Any], valid: Any) -> None:
+    """Raise for the first variable whose start failed its test (``valid``: one flag per variable)."""
     for (v, q), ok in zip(qs.items(), valid):
         if not ok:
             raise ModelError(
@@ -171,19 +181,30 @@ def _gaussian_from_prior(q: Any, node: Any) -> Any:
     loc, var = None, None
     if q.transform is None:
         try:
-            loc, var = jnp.asarray(node.prior.mean), jnp.asarray(node.prior.variance)
+            loc, var = np.asarray(node.prior.mean), np.asarray(node.prior.variance)
         except (NotImplementedError, AttributeError):
             loc = None
-    if loc is None or not bool(jnp.all(jnp.isfinite(loc)) & jnp.all(jnp.isfinite(var)) & jnp.all(var > 0)):
-        loc, var = jnp.zeros(q.shape), jnp.ones(q.shape)
-    loc = jnp.broadcast_to(loc, q.shape)
-    var = jnp.broadcast_to(var, q.shape)
+    # On the host in numpy, then one compiled conversion: eager jnp calls here would each
+    # compile a one-operation program at every first plan.
+    if loc is None or not bool(np.all(np.isfinite(loc)) & np.all(np.isfinite(var)) & np.all(var > 0)):
+        dtype = jnp.result_type(float)
+        loc, var = np.zeros(q.shape, dtype), np.ones(q.shape, dtype)
+    loc = np.broadcast_to(loc, q.shape)
+    var = np.broadcast_to(var, q.shape)
     if q.family.event_ndim == 0:
-        return q.family.from_usual(loc, jnp.sqrt(var))
-    d = q.example_natural().x.shape[-1]
-    flat_loc = jnp.reshape(loc, q.batch_shape + (d,))
-    flat_var = jnp.reshape(var, q.batch_shape + (d,))
-    return q.family.from_usual(flat_loc, covariance_matrix=flat_var[..., None] * jnp.eye(d))
+        return _from_usual(q.family.from_usual, False, loc, var)
+    d = jax.eval_shape(q.example_natural).x.shape[-1]
+    flat_loc = np.reshape(loc, q.batch_shape + (d,))
+    flat_var = np.reshape(var, q.batch_shape + (d,))
+    return _from_usual(q.family.from_usual, True, flat_loc, flat_var)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _from_usual(from_usual: Any, matrix: bool, loc: jax.Array, var: jax.Array) -> Any:
+    """λ of the Gaussian with mean ``loc`` and variances ``var`` (diagonal ``covariance_matrix`` if ``matrix``)."""
+    if not matrix:
+        return from_usual(loc, jnp.sqrt(var))
+    return from_usual(loc, covariance_matrix=var[..., None] * jnp.eye(loc.shape[-1]))
 
 
 def _observations(graph: Any, var: str, size: int) -> Optional[np.ndarray]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 
@@ -70,6 +70,12 @@ class InferenceAlgorithm(NamedTuple):
     ``sequential``: some factor's code calls LAPACK, so restarts run one after
     another (``lax.map``), never as batched LAPACK calls (see
     :func:`blrppl.graph.jaxpr.lapack_primitives`).
+    ``start(rng_key, arrays, random) -> (natural, params)`` and
+    ``finish(rng_key, natural, params, arrays) -> BLRState`` split ``init`` in
+    two (``init`` is ``finish`` of ``start``; ``random=True`` gives a random
+    restart's start), where a random restart's ``init`` is the same
+    ``finish`` of its own start (else None): the restarts' starts are then
+    one batched ``finish`` (see :func:`blrppl.blr.driver.init_with_restarts`).
     ``arrays`` is the plan's data
     (:class:`~blrppl.estimators.base.PlanArrays`), an argument so that one
     compiled program fits any data set of the same shapes.
@@ -80,3 +86,5 @@ class InferenceAlgorithm(NamedTuple):
     elbo: Callable[[jax.Array, BLRState, Any], Any]
     noisy: bool = False
     sequential: bool = False
+    start: Optional[Callable[[jax.Array, Any, bool], tuple[Any, Any]]] = None
+    finish: Optional[Callable[[jax.Array, Any, Any, Any], BLRState]] = None

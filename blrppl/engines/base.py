@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from blrppl.blr import driver
 from blrppl.blr.build import build_blr
@@ -21,8 +22,8 @@ from blrppl.blr.checks import boundary_estimates, improper_posterior_error, stea
 from blrppl.blr.config import Config
 from blrppl.blr.plan import Plan, make_plan
 from blrppl.blr.replan import Replanner, record_plan
-from blrppl.blr.restarts import best_restart, restart_keys
-from blrppl.blr.starts import check_start
+from blrppl.blr.restarts import best_restart
+from blrppl.blr.starts import raise_invalid_start, start_tests
 from blrppl.blr.state import InferenceAlgorithm
 from blrppl.errors import ModelError
 from blrppl.engines.batch import run_batched
@@ -94,7 +95,7 @@ class Engine:
         if not len(elbo):
             return ()
         if plan.init_params:
-            boundary = boundary_estimates(plan, self.build(plan, fixed_params=True), state, float(elbo[-1]))
+            boundary = boundary_estimates(plan, self.build(plan, fixed_params=True), state, float(np.asarray(elbo)[-1]))
             if boundary:
                 return boundary
         return steady_climb(elbo, stopped)
@@ -159,8 +160,8 @@ class Engine:
             return self._run_restarts(plan, rng_key, num_steps, int(num_restarts), init_state, tol, progress_bar)
         algorithm = self.build(plan)
         if init_state is None:
-            init_state = driver.init(algorithm, rng_key, plan.arrays)
-            check_start(plan.qs, init_state.natural)
+            init_state, valid = driver.checked_init(algorithm, rng_key, plan.arrays, start_tests(plan.qs))
+            raise_invalid_start(plan.qs, valid)
         state, elbo, stopped = driver.run(
             algorithm, rng_key, num_steps, plan.arrays, init_state=init_state, tol=tol, progress_bar=progress_bar
         )
@@ -171,12 +172,11 @@ class Engine:
 
     def _run_restarts(self, plan, rng_key, num_steps, num_restarts, init_state, tol, progress_bar) -> BLRResult:
         algorithm = self.build(plan)
-        keys = restart_keys(rng_key, num_restarts)
-        if init_state is None:
-            first = driver.init(algorithm, keys[0], plan.arrays)
-            check_start(plan.qs, first.natural)
-            others = driver.init_restarts(self.build(plan, random_starts=True), keys[1:], plan.arrays)
-            init_state = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, others)
+        if init_state is None:  # restart_keys(rng_key, C) inside one compiled call with the starts
+            init_state, valid = driver.init_with_restarts(
+                algorithm, self.build(plan, random_starts=True), rng_key, num_restarts, plan.arrays, start_tests(plan.qs)
+            )
+            raise_invalid_start(plan.qs, valid)
         else:
             steps = jnp.shape(init_state.step)
             if steps != (num_restarts,):
@@ -193,14 +193,16 @@ class Engine:
         if best < 0:  # every restart diverged: say why, for the first
             check_finite(plan, jax.tree.map(lambda a: a[0], states), elbo[0, : num_run[0]])
             raise ModelError(f"site {next(iter(plan.qs))!r}: every restart diverged; check the model and data.")
-        state = jax.tree.map(lambda a: a[best], states)
+        state = driver.take(states, best)
         restarts = Restarts(
-            state=states, elbo=elbo, num_steps=jnp.asarray(num_run), best=best, finite=jnp.asarray(finite)
+            state=states, elbo=elbo, num_steps=jax.device_put(np.asarray(num_run)), best=best, finite=jax.device_put(np.asarray(finite))
         )
-        convergence = Convergence.of(bool(stopped[best]), tol, num_run[best], algorithm.noisy)
-        flags = self._flags(plan, state, elbo[best, : num_run[best]], bool(stopped[best])) + disagreement(elbo, num_run, finite)
+        best_stopped = bool(np.asarray(stopped)[best])
+        best_elbo = jax.device_put(np.asarray(elbo)[best, : num_run[best]])  # cut on the host: nothing compiles
+        convergence = Convergence.of(best_stopped, tol, num_run[best], algorithm.noisy)
+        flags = self._flags(plan, state, best_elbo, best_stopped) + disagreement(elbo, num_run, finite)
         return BLRResult(
-            plan=plan, state=state, elbo=elbo[best, : num_run[best]], mode=self.mode, restarts=restarts,
+            plan=plan, state=state, elbo=best_elbo, mode=self.mode, restarts=restarts,
             convergence=convergence, flags=flags,
         )
 
@@ -251,6 +253,7 @@ def default_restarts(plan: Plan) -> int:
 
 def disagreement(elbo: jax.Array, num_run: list[int], finite: list[bool], slack: float = 1.0) -> tuple[str, ...]:
     """A flag when the finite restarts ended more than ``slack`` nats apart (several optima)."""
+    elbo = np.asarray(elbo)  # read once on the host
     finals = [float(elbo[c, n - 1]) for c, (n, ok) in enumerate(zip(num_run, finite)) if ok]
     if len(finals) < 2 or max(finals) - min(finals) <= slack * (1.0 + 1e-6 * abs(max(finals))):
         return ()

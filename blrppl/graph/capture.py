@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 from typing import Any, Iterator
 
-from numpyro.distributions import Distribution, MultivariateNormal
-from numpyro.distributions.distribution import COERCIONS
+import jax
+import numpy as np
+from numpyro.distributions import Distribution, MultivariateNormal, constraints
+from numpyro.distributions.distribution import COERCIONS, validation_enabled
 
 _TAG = "_blrppl_constructor_call"
 _ARGUMENTS_ONLY: list[bool] = []
+_HOST_CHECKS: list[bool] = []  # numpyro's validation is on, and _coerce does it on the host
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,9 +64,58 @@ def _coerce(cls: type, args: tuple, kwargs: dict) -> Distribution:
         obj = type.__call__(cls, loc, scale_tril=_matrix_argument(bound), validate_args=False)
         object.__setattr__(obj, _TAG, ConstructorCall(cls, bound, True))
         return obj
-    obj = type.__call__(cls, *args, **kwargs)
+    if _validates_on_host(cls, args, kwargs):
+        # numpyro's argument validation evaluates every constraint with eager jnp
+        # calls (each new shape compiles a small program: an eigh for a covariance
+        # matrix); on concrete arguments the same checks run in numpy.
+        _HOST_CHECKS.append(True)
+        try:
+            with validation_enabled(False):
+                obj = type.__call__(cls, *args, **kwargs)
+        finally:
+            _HOST_CHECKS.pop()
+        _validate_args_on_host(obj)
+    else:
+        obj = type.__call__(cls, *args, **kwargs)
     object.__setattr__(obj, _TAG, ConstructorCall(cls, bound, True))
     return obj
+
+
+def _validates_on_host(cls: type, args: tuple, kwargs: dict) -> bool:
+    """Whether numpyro would validate this construction's arguments, and they are concrete."""
+    if kwargs.get("validate_args") is not None or not (_HOST_CHECKS or Distribution._validate_args):
+        return False
+    if _init_reads_validation(cls):
+        return False
+    return not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((args, kwargs)))
+
+
+@functools.lru_cache(maxsize=None)
+def _init_reads_validation(cls: type) -> bool:
+    """A constructor that checks more than its arguments when validation is on."""
+    try:
+        return "_validate_args" in inspect.getsource(cls.__init__)
+    except (OSError, TypeError):
+        return True
+
+
+def _validate_args_on_host(obj: Distribution) -> None:
+    """numpyro's ``Distribution.validate_args`` with the constraints evaluated in numpy.
+
+    An argument is valid when its constraint holds everywhere, so an
+    ``independent`` constraint is checked as its base constraint.
+    """
+    for param, value in obj.get_args().items():
+        constraint = obj.arg_constraints[param]
+        if constraints.is_dependent(constraint):
+            continue
+        host = _host_array(value)
+        if host is not None and host.dtype.kind in "biuf":
+            while isinstance(constraint, constraints._IndependentConstraint):
+                constraint = constraint.base_constraint
+            value = host
+        if not np.all(np.asarray(constraint(value))):
+            raise ValueError(f"{type(obj).__name__} distribution got invalid {param} parameter.")
 
 
 def _matrix_argument(bound: dict) -> Any:
@@ -115,3 +168,13 @@ def constructor_call(fn: Distribution) -> ConstructorCall:
         if wrapped in fn.__dict__:
             arguments[wrapped] = fn.__dict__[wrapped]
     return ConstructorCall(type(fn), arguments, False)
+
+
+def _host_array(value: Any) -> Any:
+    """``value`` as a numpy array, or None (not an array, or a PRNG key)."""
+    if not isinstance(value, (jax.Array, np.ndarray, np.generic, int, float, bool)):
+        return None
+    try:
+        return np.asarray(value)
+    except TypeError:
+        return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -78,10 +79,10 @@ def _dynamic_slice(interp: Any, eqn: Any, operand: Any, *starts: Any) -> Any:
     var = z_atom.var
     _, num = interp.categorical[var]
     operand_shape = tuple(eqn.invars[0].aval.shape)
-    iota = jnp.arange(int(np.prod(operand_shape)), dtype=jnp.int32).reshape(operand_shape)
+    iota = jax.device_put(np.arange(int(np.prod(operand_shape)), dtype=np.int32).reshape(operand_shape))
     positions = []
     for k in range(num):
-        args = [jnp.asarray(k if is_symbolic(v) else v, jnp.int32) for v in starts]
+        args = [jax.device_put(np.asarray(k if is_symbolic(v) else v, np.int32)) for v in starts]
         positions.append(np.asarray(eqn.primitive.bind(iota, *args, **eqn.params)))
     extended = algebra.reindex(as_poly(operand, interp.space), np.stack(positions, -1), interp.space)
     category = extended.labels[-1]
@@ -121,8 +122,8 @@ def _enumerate_gather(interp: Any, eqn: Any, operand: Any, indices: Any) -> Poly
     positions = []
     for k in range(num):
         idx_k = densify_categorical(poly, var, k, z_value_shape, space).astype(np.int32)
-        iota = jnp.arange(int(np.prod(operand_shape)), dtype=jnp.int32).reshape(operand_shape)
-        positions.append(np.asarray(eqn.primitive.bind(iota, jnp.asarray(idx_k), **int_params("gather", params))))
+        iota = jax.device_put(np.arange(int(np.prod(operand_shape)), dtype=np.int32).reshape(operand_shape))
+        positions.append(np.asarray(eqn.primitive.bind(iota, jax.device_put(idx_k), **int_params("gather", params))))
     positions = np.stack(positions, axis=-1)
     extended = algebra.reindex(as_poly(operand, space), positions, space)
     category_label = extended.labels[-1]

@@ -38,6 +38,7 @@ from blrppl.graph.jaxpr import (
     walk,
 )
 from blrppl.symbolic import algebra, categorical, rules
+from blrppl.symbolic.host import evaluate, host_bind
 from blrppl.symbolic.scan import interpret_scan
 from blrppl.symbolic.terms import Labels, NonConjugate
 from blrppl.symbolic.values import as_poly, first_var, int_params, is_key, is_symbolic
@@ -91,7 +92,7 @@ class Interpreter:
             params = prim.get_bind_params(eqn.params)
             if any(tape.is_dual(v) for v in invals):  # data: computed and recorded (see blrppl.graph.tape)
                 return list(tape.lift(lambda *xs: tuple(_bind(prim, params, xs)), _replay_bind(prim, params), invals))
-            return _bind(prim, params, invals)
+            return host_bind(eqn, params, invals) or _bind(prim, params, invals)
         name = prim.name
         if is_call(name):
             return self._call(eqn, invals)
@@ -139,12 +140,12 @@ class Interpreter:
             for i, v in enumerate(invals):
                 shape = tuple(eqn.invars[i].aval.shape)
                 if i == j:
-                    args.append(jnp.arange(int(np.prod(shape)), dtype=jnp.int32).reshape(shape))
+                    args.append(np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape))
                 elif i in data:
-                    args.append(jnp.full(shape, -1, jnp.int32))
+                    args.append(np.full(shape, -1, np.int32))
                 else:
-                    args.append(jnp.asarray(v))
-            positions = np.asarray(prim.bind(*args, **int_params(prim.name, params)))
+                    args.append(np.asarray(v))
+            positions = _positions(eqn, params, args)
             if np.all(positions < 0):
                 continue
             piece = algebra.reindex(as_poly(value, self.space), positions, self.space)
@@ -154,9 +155,18 @@ class Interpreter:
         return categorical.merge_categorical(result, self.space)
 
 
+def _positions(eqn: Any, params: dict, args: list) -> np.ndarray:
+    """The primitive of ``eqn`` on integer positions (in numpy where it is exact there)."""
+    params = int_params(eqn.primitive.name, params)
+    out = evaluate(eqn.primitive.name, params, args, np.int32, tuple(eqn.outvars[0].aval.shape))
+    if out is not None:
+        return out
+    return np.asarray(eqn.primitive.bind(*[jax.device_put(a) for a in args], **params))
+
+
 def _bind(prim: Any, params: dict, invals: Sequence[Any]) -> list:
     """A primitive on constant inputs, evaluated now (numpy outputs)."""
-    out = prim.bind(*[v if is_key(v) else jnp.asarray(v) for v in invals], **params)
+    out = prim.bind(*[v if is_key(v) else jax.device_put(v) for v in invals], **params)  # no staging compile
     outs = out if prim.multiple_results else [out]
     return [o if is_key(o) else np.asarray(o) for o in outs]
 

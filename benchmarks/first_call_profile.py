@@ -1,0 +1,117 @@
+"""Where a user's first call goes: wall and CPU seconds and XLA compiles per zoo model.
+
+Run from the repository root::
+
+    python benchmarks/first_call_profile.py [--models gp,nile,...] [--names]
+
+Each model runs in a fresh Python process (JAX's in-process caches empty, no
+persistent compilation cache), so each row is a true first call:
+``engine.run`` in a new engine, tracing, planning, compilation and the fit,
+after JAX's own start-up. It prints the wall seconds (with the machine's load:
+on a shared machine read the CPU seconds, ``time.process_time``, all threads),
+the number of XLA compiles and the seconds they took (JAX's
+``/jax/core/compile/backend_compile_duration`` events), and with ``--names``
+the compiled programs' names, most frequent first (eager ``jnp`` operations on
+the host show up as one-op programs such as ``jit(add)``). Not part of the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = ("gp", "eight_schools_noncentered", "normal_mean_precision", "logistic_regression", "hmm", "nile")
+ENGINES = {
+    "gp": "NonConjugateVI",
+    "eight_schools_noncentered": "NonConjugateVI",
+    "normal_mean_precision": "VMP",
+    "logistic_regression": "NonConjugateVI",
+    "hmm": "VMP",
+    "nile": "EM",
+}
+
+
+def _one(name: str) -> dict:
+    """The first call of model ``name`` in this (fresh) process."""
+    sys.path.insert(0, ROOT)
+    os.environ.pop("BLRPPL_COMPILATION_CACHE", None)
+    import jax
+    import jax.numpy as jnp
+    from jax._src import monitoring
+
+    jax.config.update("jax_enable_x64", True)
+    jnp.ones(3).block_until_ready()  # JAX's own start-up, not ours
+
+    import blrppl
+    from models import ZOO, gp
+
+    compiles = []
+    monitoring.register_event_duration_secs_listener(
+        lambda event, seconds, **_: compiles.append(seconds)
+        if event == "/jax/core/compile/backend_compile_duration" else None
+    )
+    names = collections.Counter()
+
+    class _Names(logging.Handler):
+        def emit(self, record):
+            message = record.getMessage()
+            if message.startswith("Finished XLA compilation of "):
+                names[message.split(" ")[4]] += 1
+
+    handler = _Names(logging.DEBUG)
+    for logger in ("jax._src.dispatch", "jax._src.interpreters.pxla"):
+        logging.getLogger(logger).addHandler(handler)
+        logging.getLogger(logger).setLevel(logging.DEBUG)
+    jax.config.update("jax_log_compiles", True)
+    logging.getLogger("jax").propagate = False
+
+    if name == "gp":  # the issue's case: N = 100, as tests/engines/test_gp.py
+        args, kwargs = gp.data(100)
+        steps, tol = 100, 1e-6
+    else:
+        args, kwargs = ZOO[name].data()
+        steps, tol = 200, 1e-8
+    engine = getattr(blrppl, ENGINES[name])(ZOO[name].model)
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = engine.run(jax.random.key(0), steps, *args, progress_bar=False, tol=tol, **kwargs)
+    jax.block_until_ready(jax.tree.leaves(result.state))
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {"model": name, "engine": ENGINES[name], "wall": wall, "cpu": cpu, "compiles": len(compiles),
+            "compile_s": sum(compiles), "steps": len(result.elbo), "names": names.most_common()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--names", action="store_true", help="list the compiled programs")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    if options.one:
+        print(json.dumps(_one(options.one)))
+        return
+    print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    print(f"{'model':28s} {'engine':15s} {'steps':>5s} {'wall s':>7s} {'CPU s':>7s} {'compiles':>8s} {'compile s':>9s}")
+    env = {k: v for k, v in os.environ.items() if k != "BLRPPL_COMPILATION_CACHE"}
+    for name in options.models.split(","):
+        out = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True, text=True, env=env,
+                             cwd=ROOT)
+        if out.returncode:
+            print(f"{name}: failed\n{out.stderr[-2000:]}")
+            continue
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"{row['model']:28s} {row['engine']:15s} {row['steps']:5d} {row['wall']:7.2f} {row['cpu']:7.2f} "
+              f"{row['compiles']:8d} {row['compile_s']:9.2f}")
+        if options.names:
+            print("    " + ", ".join(f"{n} x{c}" if c > 1 else n for n, c in row["names"]))
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
