@@ -103,37 +103,23 @@ def initial_natural(
 
 
 def start_tests(qs: Mapping[str, Any]) -> tuple:
-    """``(name, is_valid)`` per variable: the tests :func:`check_start` applies."""
+    """``(name, is_valid)`` per variable: a start outside the family (an improper prior
+    pushed through the graph) fails its test (:func:`blrppl.blr.driver.checked_init`)."""
     return tuple((v, q.family.is_valid) for v, q in qs.items())
 
 
-def check_start(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> None:
-    """A start outside the family (an improper prior pushed through the graph) is an error.
+def raise_invalid_start(qs: Mapping[str, Any], valid: Any) -> None:
+    """Raise for the first variable whose start failed its test (``valid``: one flag per variable).
 
     Raises:
       ModelError: naming the first variable whose start is not a valid q.
     """
-    tests = start_tests(qs)
-    try:
-        valid = np.asarray(_valid_starts(tests, {v: natural[v] for v in qs}))  # one compiled call, one sync
-    except (TypeError, ValueError):  # a test that cannot be a static argument: check eagerly
-        valid = [bool(jnp.all(q.family.is_valid(natural[v]))) for v, q in qs.items()]
-    raise_invalid_start(qs, valid)
-
-
-def raise_invalid_start(qs: Mapping[str, Any], valid: Any) -> None:
-    """Raise for the first variable whose start failed its test (``valid``: one flag per variable)."""
     for (v, q), ok in zip(qs.items(), valid):
         if not ok:
             raise ModelError(
                 f"site {v!r}: its prior does not define a proper starting q ({q.family.name}); "
                 "give the site a proper prior, or start it with init={site: value}."
             )
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _valid_starts(tests: tuple, natural: dict) -> jax.Array:
-    return jnp.stack([jnp.all(is_valid(natural[v])) for v, is_valid in tests]) if tests else jnp.zeros(0, bool)
 
 
 def user_start(q: Any, natural: Any, start: Any) -> Any:

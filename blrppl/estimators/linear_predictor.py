@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from blrppl._types import Array
+from blrppl.symbolic.host import evaluate
 from blrppl.graph.jaxpr import (
     BILINEAR,
     LINEAR,
@@ -91,7 +92,7 @@ class _Flat:
             self.eqns.append((eqn.primitive, eqn.params, ins, outs))
             return outs
 
-        return walk(jaxpr, const_refs, in_refs, record, literal=lambda v: ("lit", v.val))
+        return walk(jaxpr, const_refs, in_refs, record, literal=lambda v: ("lit", v.val, v.aval))
 
     def run(self, inputs: dict, outputs: list, override: dict | None = None, stop: int | None = None) -> list:
         values = dict(self.consts)
@@ -106,10 +107,25 @@ class _Flat:
             if override and outs[0] in override:
                 values[outs[0]] = override[outs[0]]
                 continue
-            result = prim.bind(*[read(r) for r in ins], **prim.get_bind_params(params))
+            args, bind_params = [read(r) for r in ins], prim.get_bind_params(params)
+            result = self._on_host(prim, bind_params, args, ins, outs)
+            if result is None:
+                result = prim.bind(*args, **bind_params)
             for o, r in zip(outs, result if prim.multiple_results else [result]):
                 values[o] = r
         return [read(r) for r in outputs]
+
+    def _on_host(self, prim: Any, params: dict, args: list, ins: list, outs: list) -> Any:
+        """An exact primitive on concrete values, in numpy (no one-op compile); else None."""
+        if prim.multiple_results or any(isinstance(a, jax.core.Tracer) for a in args):
+            return None
+        try:
+            xs = [np.asarray(a, dtype=(r[2] if isinstance(r, tuple) else self.avals[r]).dtype) for a, r in zip(args, ins)]
+            aval = self.avals[outs[0]]
+            dtype, shape = np.dtype(aval.dtype), tuple(aval.shape)
+        except (TypeError, ValueError, AttributeError):  # keys, exotic avals
+            return None
+        return evaluate(prim.name, params, xs, dtype, shape)
 
 
 def _affine_flags(flat: _Flat, source: int) -> tuple[set, set]:
