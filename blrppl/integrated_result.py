@@ -26,6 +26,7 @@ import numpyro.distributions as dist
 
 from blrppl.blr.integrate import IntegratedFit
 from blrppl.blr.integrate.mixture import mix_covariance, mix_moments, site_log_density
+from blrppl.graph.jaxpr import map_batch
 from blrppl.results import BLRResult
 
 
@@ -102,7 +103,7 @@ def _moments(conditional: Any, state: Any) -> dict:
 @functools.partial(jax.jit, static_argnums=0)
 def _node_moments(conditional: Any, states: Any) -> dict:
     """:func:`_moments` of every node, one program per compiled conditional fit."""
-    return jax.vmap(lambda state: _moments(conditional, state))(states)
+    return map_batch(lambda state: _moments(conditional, state), states)
 
 
 def _unpack_nodes(space: Any, u: jax.Array) -> dict:
@@ -118,7 +119,7 @@ def _marginals(conditional: Any, state: Any) -> dict:
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _mixture_log_prob(conditional: Any, site: str, states: Any, log_weights: jax.Array, value: jax.Array) -> jax.Array:
     """log Σ_k w_k q_k(value) of one site (one program per compiled conditional fit and site)."""
-    lp = jax.vmap(lambda state: _marginals(conditional, state)[site].log_prob(value))(states)
+    lp = map_batch(lambda state: _marginals(conditional, state)[site].log_prob(value), states)
     w = log_weights.reshape((-1,) + (1,) * (jnp.ndim(lp) - 1))
     return jax.scipy.special.logsumexp(w + lp, axis=0)
 
@@ -128,7 +129,7 @@ def _mixture_sample(conditional: Any, site: str, num: int, rng_key: jax.Array, s
     """``num`` draws of one site: a node by weight, then from that node's q."""
     node_key, draw_key = jax.random.split(rng_key)
     ks = jax.random.categorical(node_key, log_weights, shape=(num,))
-    return jax.vmap(lambda key, k: _marginals(conditional, _take(states, k))[site].sample(key))(jax.random.split(draw_key, num), ks)
+    return map_batch(lambda key, k: _marginals(conditional, _take(states, k))[site].sample(key), jax.random.split(draw_key, num), ks)
 
 
 class GridMixture(dist.Distribution):
@@ -401,7 +402,7 @@ class IntegratedResult:
             def many(key, num):
                 node_key, draw_key = jax.random.split(key)
                 ks = jax.random.categorical(node_key, fit.grid.log_weights, shape=(num,))
-                return jax.vmap(one)(jax.random.split(draw_key, num), ks)
+                return map_batch(one, jax.random.split(draw_key, num), ks)
 
             fn = jax.jit(many, static_argnums=1)
             self._cache["sample"] = fn

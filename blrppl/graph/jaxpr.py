@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Sequence
 
+import jax
 from jax.extend import core as jex_core
 
 #: ``PrimitiveClass.data_args`` of a structural primitive whose every argument carries data.
@@ -367,3 +368,16 @@ def lapack_primitives(jaxpr: Any) -> set[str]:
                 found.add(eqn.primitive.name)
             stack.extend(_sub_jaxprs(eqn))
     return found
+
+
+def map_batch(fn: Any, *xs: Any) -> Any:
+    """``jax.vmap(fn)(*xs)``, or ``jax.lax.map`` (one row at a time) when ``fn``'s code calls LAPACK.
+
+    The rows' leading axis is mapped; see :func:`lapack_primitives` for why a
+    batched LAPACK call is avoided (jaxlib 0.10.x deadlocks on some). Works
+    inside ``jit`` (``fn`` may close over the enclosing trace's values).
+    """
+    one = jax.tree.map(lambda x: x[0], xs)
+    if lapack_primitives(jax.make_jaxpr(fn)(*one)):
+        return jax.lax.map(lambda args: fn(*args), xs)
+    return jax.vmap(fn)(*xs)

@@ -34,6 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from blrppl.blr.integrate.mode import LINE_SEARCH
+from blrppl.blr.watchdog import block_until_ready
+from blrppl.graph.jaxpr import map_batch
 
 #: Standardised reach of the first evaluations along each axis, and the most.
 FIRST_REACH = 8.0
@@ -140,12 +142,12 @@ def chunk_size(dim: int) -> int:
 
 @functools.partial(jax.jit, static_argnums=0)
 def _starts(conditional, u, arrays):
-    return jax.vmap(lambda x: conditional.start(x, arrays))(u)
+    return map_batch(lambda x: conditional.start(x, arrays), u)
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _steps(conditional, u, arrays, start):
-    state, value, steps = jax.vmap(lambda x, s: conditional.fit(x, arrays, s))(u, start)
+    state, value, steps = map_batch(lambda x, s: conditional.fit(x, arrays, s), u, start)
     # The fits are deterministic: their key is not needed, and without it the states are plain
     # arrays that the grid's bookkeeping slices on the host (numpy), so that node counts, which
     # change with the data, never reach a compiled program (each new shape would compile one).
@@ -172,7 +174,9 @@ def evaluate(conditional: Any, u: np.ndarray, arrays: Any, *, states: bool = Tru
         if size < chunk:
             fill = block[:1] if size else np.zeros((1, u.shape[1]))
             block = np.concatenate([block, np.repeat(fill, chunk - size, axis=0)])
-        state, value, steps = _fits(conditional, jnp.asarray(block, dtype), arrays)
+        state, value, steps = block_until_ready(
+            _fits(conditional, jnp.asarray(block, dtype), arrays), "the grid's conditional fits"
+        )
         parts_value.append(np.asarray(value)[:size])
         parts_steps.append(np.asarray(steps)[:size])
         if states:
