@@ -77,3 +77,26 @@ def test_walk_and_liveness():
                  literal=lambda v: str(v.val), equations=live)
     assert names == ["mul(a,2.0)", "add(sin(a),b)"]
     assert input_dependencies(jaxpr) == [{0}, {0, 1}]
+
+
+def test_map_batch_maps_lapack_code_one_row_at_a_time_and_vmaps_the_rest():
+    """Batched LAPACK calls can deadlock jaxlib 0.10 on CPU: map_batch never makes one."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from blrppl.graph.jaxpr import lapack_primitives, map_batch
+
+    def chol(scale, shift):
+        return jnp.linalg.cholesky(scale * jnp.eye(3) + shift)
+
+    scales = jnp.arange(1.0, 5.0)
+    shift = jnp.full((3, 3), 0.1)
+    batched = jax.make_jaxpr(lambda s: map_batch(lambda x: chol(x, shift), s))(scales)
+    primitives = {e.primitive.name for e in batched.jaxpr.eqns}
+    assert "scan" in primitives and lapack_primitives(batched) == {"cholesky"}  # inside the loop body only
+    np.testing.assert_allclose(map_batch(lambda x: chol(x, shift), scales), jax.vmap(lambda x: chol(x, shift))(scales))
+    plain = jax.make_jaxpr(lambda s: map_batch(lambda x: jnp.sin(x) * shift, s))(scales)
+    assert "scan" not in {e.primitive.name for e in plain.jaxpr.eqns}
+    inside_jit = jax.jit(lambda s, m: map_batch(lambda x: chol(x, m), s))(scales, shift)  # closes over a tracer
+    np.testing.assert_allclose(inside_jit, jax.vmap(lambda x: chol(x, shift))(scales))
