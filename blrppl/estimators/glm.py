@@ -100,8 +100,8 @@ def find_minibatch_glm(graph, factor, qs, examples, transforms, fixed, plate):
     return None if predictor is None else (predictor, names, slices)
 
 
-def _moments(mean, design, offset, names, slices):
-    """η's mean and variance under q, and each neighbour's (rows, mean, stats)."""
+def predictor_moments(mean, design, offset, names, slices):
+    """η = design @ x + offset: its mean and variance under q, and each neighbour's (v, rows, mean, stats)."""
     eta_mean, eta_var = offset, 0.0
     blocks = []
     for v, sl in zip(names, slices):
@@ -155,7 +155,7 @@ def minibatch_glm_estimator(factor: str, qs, predictor: LinearPredictor, names, 
         z0 = jnp.zeros((total,), dtype)
         offset = predictor.predict(z0, data)
         design = jax.jacfwd(lambda z: predictor.predict(z, data))(z0)  # the batch's rows of A: (M, D)
-        eta_mean, eta_var, blocks = _moments(mean, design, offset, names, slices)
+        eta_mean, eta_var, blocks = predictor_moments(mean, design, offset, names, slices)
         expected, d1, d2 = predictor_expectations(
             lambda eta: predictor.log_likelihood(eta, data), eta_mean, eta_var, nodes, weights
         )

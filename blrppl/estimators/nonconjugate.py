@@ -45,7 +45,7 @@ from blrppl.estimators.enumeration import (
     is_enumerable,
     plan_enumeration,
 )
-from blrppl.estimators.glm import minibatch_glm_or_none
+from blrppl.estimators.glm import minibatch_glm_or_none, predictor_moments
 from blrppl.estimators.linear_predictor import LinearPredictor, find_linear_predictor
 from blrppl.estimators.minibatch import rows_or_all
 from blrppl.estimators.monte_carlo import monte_carlo
@@ -414,19 +414,7 @@ def _predictor_estimator(factor: str, qs, predictor: LinearPredictor, names, sli
         refuse_minibatch(factor, batch)
         design, offset = arrays.factors[factor]
         data = None if closed else arrays.data
-        eta_mean, eta_var = offset, 0.0
-        blocks = []
-        for v, sl in zip(names, slices):
-            a, stats = design[:, sl], mean[v]
-            if isinstance(stats, MVNStats):
-                m = stats.x
-                cov = stats.xxT - jnp.outer(m, m)
-                eta_var = eta_var + jnp.sum((a @ cov) * a, axis=1)
-            else:
-                m = jnp.ravel(stats.x)
-                eta_var = eta_var + (a * a) @ (jnp.ravel(stats.x_sq) - m * m)
-            eta_mean = eta_mean + a @ m
-            blocks.append((v, a, m, stats))
+        eta_mean, eta_var, blocks = predictor_moments(mean, design, offset, names, slices)
         expected, d1, d2 = predictor_expectations(
             lambda eta: predictor.log_likelihood(eta, data), eta_mean, eta_var, nodes, weights
         )
