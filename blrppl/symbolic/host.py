@@ -57,7 +57,7 @@ def _broadcast_in_dim(x, *, shape, broadcast_dimensions, **_):
 
 def _reshape(x, *, new_sizes, dimensions=None, **_):
     if dimensions is not None:
-        raise NotImplementedError
+        raise NotImplementedError("reshape with dimensions: evaluated by XLA instead")
     return np.reshape(x, tuple(new_sizes))
 
 
@@ -75,7 +75,7 @@ def _slice(x, *, start_indices, limit_indices, strides=None):
 def _convert(x, *, new_dtype, **_):
     new_dtype = np.dtype(new_dtype)
     if x.dtype.kind == "f" and new_dtype.kind in "iub":  # NaN and overflow differ
-        raise NotImplementedError
+        raise NotImplementedError("float to integer: NaN and overflow differ from XLA; evaluated by XLA instead")
     if new_dtype.kind == "b":
         return x != 0
     return x.astype(new_dtype)
