@@ -5,6 +5,7 @@ The public surface is exactly the one in ``shared/API.md``.
 
 from blrppl.engines.blr import BLR
 from blrppl.engines.conjugate import ConjugateBayes
+from blrppl.engines.diagonal import DiagonalBLR
 from blrppl.engines.em import EM
 from blrppl.engines.integrated import Integrated
 from blrppl.engines.laplace import Laplace
@@ -27,6 +28,7 @@ enable_from_environment()
 __version__ = "0.1.0"
 
 __all__ = [
+    "DiagonalBLR",
     "BLR",
     "BLRResult",
     "ConjugateBayes",

@@ -149,7 +149,10 @@ def svi(
         options = EXACT._replace(num_samples=num_samples)
     else:
         if estimator not in ("auto", "mc", "delta", "quadrature"):
-            raise ValueError(f"estimator must be 'exact', 'auto', 'mc', 'delta' or 'quadrature', got {estimator!r}.")
+            raise ValueError(
+                "estimator must be 'exact', 'auto', 'mc', 'delta' or 'quadrature', or a deep-learning row of "
+                f"Table 1 ('ivon', 'vogn', 'ogn', 'rmsprop', 'adam'), got {estimator!r}."
+            )
         options = EstimatorOptions(choice="exact", fallback=estimator, num_samples=num_samples)
     return make_config(
         name="SVI", mode=mode, schedule="sequential", learning_rate=learning_rate, estimators=options,

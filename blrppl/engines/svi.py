@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from blrppl.blr.schedules import robbins_monro
+from blrppl.deep.rules import RULES
 from blrppl.engines import presets
 from blrppl.engines.base import Engine
+from blrppl.engines.diagonal import DiagonalBLR
 
 
 class SVI(Engine):
@@ -34,7 +36,22 @@ class SVI(Engine):
     fixed point with a constant ρ. Gaussian q start from a Newton (Laplace)
     fit to a fixed subsample of M rows rescaled to N. ``average`` turns on
     iterate averaging (default: with Monte Carlo site parameters).
+
+    The deep-learning rows of Table 1 (``estimator="ivon"``, ``"vogn"``,
+    ``"ogn"``, ``"rmsprop"``, ``"adam"``) fit one diagonal Gaussian over all
+    latents, the model being one loss: ``SVI(model, estimator="ivon", ...)``
+    returns a :class:`~blrppl.engines.diagonal.DiagonalBLR` (its options
+    there; ``learning_rate`` is then its α).
     """
+
+    def __new__(cls, model: Callable, **options: Any):
+        estimator = options.get("estimator")
+        if isinstance(estimator, str) and estimator in RULES:
+            options.pop("estimator")
+            if "mode" in options and options.pop("mode") != "global":
+                raise ValueError(f"SVI(estimator={estimator!r}) has one q refreshed from each minibatch: mode='global'.")
+            return DiagonalBLR(model, rule=estimator, **options)
+        return super().__new__(cls)
 
     def __init__(
         self,

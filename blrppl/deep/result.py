@@ -1,0 +1,107 @@
+"""The result of a diagonal-Gaussian fit: q per site, draws, a guide, ArviZ."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpyro
+import numpyro.distributions as dist
+from numpyro.infer import Predictive
+
+from blrppl.deep.flat import FlatModel
+from blrppl.deep.rules import DiagonalState, Rule
+from blrppl.posterior import TransformedGaussian, _is_identity
+
+
+class DiagonalResult:
+    """q(u) = N(m, diag(s)^-1) on the unconstrained space, shown site by site.
+
+    m and s are the averages of the iterates over the run's last part
+    (``average``), or the last iterate.
+
+    Attributes:
+      elbo: one entry per step: the one-sample minibatch estimate -ℓ̄(u) + H(q)
+        of the ELBO of q before that step (at u = m for the delta-method rows,
+        where it is not an ELBO but the Laplace objective).
+      state: the :class:`~blrppl.deep.rules.DiagonalState`; pass it back as
+        ``init_state`` to go on.
+      rule: the Table 1 row (``"ivon"``, ``"vogn"``, ``"ogn"``, ``"rmsprop"``, ``"adam"``).
+      flags: doubts about the fit, in words (empty when none).
+    """
+
+    def __init__(self, flat: FlatModel, rule: Rule, state: DiagonalState, elbo: jax.Array, flags: tuple):
+        self.flat = flat
+        self.rule = rule.name
+        self.state = state
+        self.elbo = elbo
+        self.flags = flags
+        self.mode = "global"
+        self.params: dict = {}
+        self.site_params: dict = {}
+
+    @property
+    def trustworthy(self) -> bool:
+        """False when a flag says the estimate may be wrong."""
+        return not self.flags
+
+    @property
+    def natural_params(self) -> dict:
+        """Site -> (s ⊙ m, -s / 2): q's natural parameters on the unconstrained space."""
+        m, s = (self.flat.unravel(a) for a in self.state.averaged())
+        return {name: (s[name] * m[name], -0.5 * s[name]) for name in m}
+
+    @property
+    def posterior(self) -> dict:
+        """Site -> q's marginal in the site's support (``.mean``, ``.variance`` included)."""
+        m, s = (self.flat.unravel(a) for a in self.state.averaged())
+        out = {}
+        for site in self.flat.sites:
+            loc, scale = m[site.name], 1.0 / jnp.sqrt(s[site.name])
+            base = dist.Normal(loc, scale).to_event(len(site.unconstrained_shape))
+            if _is_identity(site.transform):
+                out[site.name] = base
+            else:
+                out[site.name] = TransformedGaussian(base, site.transform, loc, scale)
+        return out
+
+    def sample(self, rng_key: jax.Array, num_samples: int) -> dict:
+        """Latent and deterministic sites -> (num_samples, *shape) draws from q."""
+        mean, precision = self.state.averaged()
+        noise = jax.random.normal(rng_key, (num_samples,) + mean.shape, mean.dtype)
+        u = mean + noise / jnp.sqrt(precision)
+        latents = jax.vmap(lambda v: self.flat.constrain(v)[0])(u)
+        deterministic = self._deterministic_sites()
+        if deterministic:
+            args, kwargs = self.flat.data.rebuild()
+            extra = Predictive(self.flat.model, posterior_samples=latents, return_sites=deterministic)(
+                jax.random.fold_in(rng_key, 1), *args, **kwargs
+            )
+            latents.update(extra)
+        return latents
+
+    def _deterministic_sites(self) -> list:
+        args, kwargs = self.flat.data.rebuild()
+        trace = numpyro.handlers.trace(numpyro.handlers.seed(self.flat.model, 0)).get_trace(*args, **kwargs)
+        return [name for name, site in trace.items() if site["type"] == "deterministic"]
+
+    def guide(self) -> Callable:
+        """A NumPyro guide drawing every latent site from q (for ``Predictive``)."""
+        posterior = self.posterior
+
+        def guide(*args: Any, **kwargs: Any) -> None:
+            for name, q in posterior.items():
+                numpyro.sample(name, q)
+
+        return guide
+
+    def to_arviz(self, rng_key: Optional[jax.Array] = None, num_samples: int = 1000) -> Any:
+        """``arviz.InferenceData`` with one chain of ``num_samples`` draws from q."""
+        import arviz as az
+
+        if rng_key is None:
+            rng_key = jax.random.key(0)
+        draws = self.sample(rng_key, num_samples)
+        posterior = {name: jax.device_get(value)[None] for name, value in draws.items()}
+        return az.from_dict(posterior=posterior)
