@@ -26,7 +26,7 @@ from numpyro import handlers
 from numpyro.infer.util import log_density
 
 from blrppl.errors import ModelError
-from blrppl.graph.data import ModelData, split_model_data
+from blrppl.graph.data import DATA_ERRORS, ModelData, split_model_data
 
 
 class LatentSite(NamedTuple):
@@ -59,12 +59,15 @@ class FlatModel(NamedTuple):
       subsample: the plate whose rows are the observations (N of them).
       data: the model's arguments, arrays apart (``split_model_data``).
       model: the NumPyro model.
+      constant: the model needs concrete data values (``np.unique(x)``), so
+        its data are constants of the compiled code, not arguments.
     """
 
     sites: tuple
     subsample: Subsample
     data: ModelData
     model: Callable
+    constant: bool = False
 
     @property
     def dim(self) -> int:
@@ -96,7 +99,7 @@ class FlatModel(NamedTuple):
         values, log_jac = self.constrain(u)
         if rows is not None:
             values[self.subsample.name] = rows
-        args, kwargs = self.data.rebuild(arrays)
+        args, kwargs = self.data.rebuild(None if self.constant else arrays)
         log_joint, trace = log_density(self.model, args, kwargs, values)
         return log_joint + log_jac, trace
 
@@ -161,7 +164,13 @@ def flat_model(model: Callable, model_args: tuple, model_kwargs: dict, engine_na
     if not sites:
         raise ModelError(f"the model has no latent sample sites for {engine_name} to fit.")
     subsample = _observation_plate(trace, sites, engine_name)
-    return FlatModel(tuple(sites), subsample, split_model_data(model_args, model_kwargs), model)
+    flat = FlatModel(tuple(sites), subsample, split_model_data(model_args, model_kwargs), model)
+    rows = None if subsample.batch_size == subsample.size else jnp.arange(subsample.batch_size)
+    try:
+        jax.eval_shape(lambda arrays: flat.loss(jnp.zeros(flat.dim), rows, arrays), flat.data.arrays)
+    except DATA_ERRORS:  # the model reads its data's values (np.unique(dept)): data stay constants
+        flat = flat._replace(constant=True)
+    return flat
 
 
 def _observation_plate(trace: dict, sites: list, engine_name: str) -> Subsample:

@@ -14,6 +14,7 @@ from blrppl.blr.schedules import as_schedule
 from blrppl.deep.checks import convergence_flags, data_share, prior_flags, raise_if_diverged
 from blrppl.deep.flat import FlatModel, flat_model
 from blrppl.deep.result import DiagonalResult
+from blrppl.graph.data import content_digest, split_model_data
 from blrppl.deep.rules import RULES, DiagonalState, Hyper, init_state, make_step
 
 #: Steps per compiled chunk: a run of any length compiles at most two programs.
@@ -101,6 +102,7 @@ class DiagonalBLR:
         self.init = init
         # Memo, the only state an engine keeps: the flat model and its compiled chunks by data signature.
         self._compiled: dict = {}
+        self._constant_data: set = set()  # signatures of data the model reads as values
 
     @property
     def mode(self) -> str:
@@ -142,12 +144,16 @@ class DiagonalBLR:
         return DiagonalResult(flat, self.rule, state, elbo, flags)
 
     def _compile(self, model_args: tuple, model_kwargs: dict) -> tuple[FlatModel, Callable]:
-        from blrppl.graph.data import split_model_data
-
-        signature = split_model_data(model_args, model_kwargs).signature
+        data = split_model_data(model_args, model_kwargs)
+        signature = data.signature
+        if signature in self._constant_data:  # compiled per data set: the model reads the values
+            signature = (signature, content_digest(data.arrays))
         memo = self._compiled.get(signature)
         if memo is None:
             flat = flat_model(self.model, model_args, model_kwargs, f"DiagonalBLR(rule={self.rule.name!r})")
+            if flat.constant:
+                self._constant_data.add(signature)
+                signature = (signature, content_digest(data.arrays))
             step = make_step(flat, self.rule, self.hyper)
             chunks: dict = {}
 
@@ -164,7 +170,7 @@ class DiagonalBLR:
             self._compiled[signature] = memo
         flat, run_chunk = memo
         # The data of this call (same shapes as the memo's), as arguments.
-        return flat._replace(data=split_model_data(model_args, model_kwargs)), run_chunk
+        return flat._replace(data=data), run_chunk
 
     def _start(self, flat: FlatModel, rng_key: jax.Array) -> DiagonalState:
         """m from ``init`` (or uniform in (-2, 2)), s = N * hess_init."""

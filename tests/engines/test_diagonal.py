@@ -237,3 +237,20 @@ def test_svi_names_the_rows():
         blrppl.SVI(regression, estimator="ivon", mode="local")
     with pytest.raises(ValueError, match="rule must be one of"):
         DiagonalBLR(regression, rule="sgd")
+
+
+def reads_its_data(X, y=None):
+    groups = len(np.unique(np.asarray(X[:, 0] > 0)))  # numpy on the data: not traceable
+    b = numpyro.sample("b", dist.Normal(jnp.zeros(X.shape[1]), 1.0))
+    c = numpyro.sample("c", dist.Normal(jnp.zeros(groups), 1.0))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(X @ b + c[0], SIGMA), obs=y)
+
+
+def test_a_model_that_reads_its_data_values_runs_with_the_data_as_constants(data):
+    X, y = data
+    engine = DiagonalBLR(reads_its_data, beta2=0.999)
+    first = engine.run(jax.random.key(0), 2000, X, y=y)
+    second = engine.run(jax.random.key(0), 2000, X, y=y + 5.0)
+    assert first.posterior["c"].mean.shape == (2,)
+    assert float(second.posterior["c"].mean[0]) > float(first.posterior["c"].mean[0]) + 1.0
