@@ -23,7 +23,7 @@ CHUNK = 1000
 #: Default α and β2 by row: Newton-like rows take steps α ĝ / s, RMSprop/Adam
 #: are the optimizers (α ĝ / sqrt(.)); β2 sets how many steps ĥ is averaged over.
 DEFAULTS = {
-    "ivon": (0.1, 0.9999),
+    "ivon": (0.1, 0.999),
     "vogn": (0.1, 0.999),
     "ogn": (0.1, 0.999),
     "rmsprop": (1e-3, 0.999),
