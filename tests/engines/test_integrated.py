@@ -10,7 +10,9 @@ so the tests hold it to 1e-3 (moments) and 1e-6 (log p(y)).
 Compiled fits are shared by module-scoped fixtures: one engine per model.
 """
 
+import json
 import logging
+import pathlib
 import warnings
 
 import jax
@@ -244,6 +246,21 @@ def test_nile_with_both_scales_unknown_is_the_quadrature():
         posterior = result.posterior[site]
         np.testing.assert_array_less(np.abs(np.asarray(posterior.mean) - mean) / sd, MOMENT_TOL, err_msg=site)
         np.testing.assert_array_less(np.abs(np.sqrt(np.asarray(posterior.variance)) / sd - 1.0), MOMENT_TOL, err_msg=site)
+
+
+def test_stored_nile_reference_is_the_quadrature():
+    """``tests/data/nile_reference.json`` (the Nile benchmark's exact reference: a finer, wider grid,
+    ``level0`` and ``level`` as the model's sites) is this file's 2-D quadrature."""
+    stored = json.loads((pathlib.Path(__file__).parents[1] / "data" / "nile_reference.json").read_text())
+    args, kwargs = nile.data()
+    log_evidence, moments = references.local_level(kwargs["y"], 200.0, 100.0, nile.INITIAL_MEAN, nile.INITIAL_SD)
+    assert abs(stored["log_evidence"] - log_evidence) < EVIDENCE_TOL
+    joined = {key: np.r_[stored[key]["level0"], stored[key]["level"]] for key in ("mean", "sd")}
+    for site in ("obs_sd", "level_sd", "level"):
+        mean, sd = moments[site]
+        got_mean, got_sd = (joined[k] if site == "level" else stored[k][site] for k in ("mean", "sd"))
+        np.testing.assert_array_less(np.abs(got_mean - mean) / sd, 1e-5, err_msg=site)  # measured 1.5e-7
+        np.testing.assert_array_less(np.abs(got_sd / sd - 1.0), 1e-5, err_msg=site)  # measured 7e-7
 
 
 def test_no_exact_conditional_is_a_model_error_that_names_the_alternatives():
