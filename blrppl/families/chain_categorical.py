@@ -323,14 +323,33 @@ def sample(
 
 
 def is_valid(natural: ChainCategoricalStats) -> Array:
-    """Return A(λ) finite (some path has positive probability) and no +∞/NaN potential."""
+    """Return A(λ) finite (some path has positive probability) and no +∞/NaN potential.
+
+    The forward pass runs only when needed: with every potential finite,
+    |A(λ)| <= Σ_t max_k |θ_t(k)| + Σ_t max_ij |ψ_t(i, j)| + T log K (each path's
+    log weight lies within the first two sums, and there are K^T paths), so a
+    finite bound proves A finite without the O(T) sequential recursion.
+    """
     no_nan = jnp.all(
         ~jnp.isnan(natural.one_hot) & (natural.one_hot < jnp.inf), axis=(-2, -1)
     )
     no_nan &= jnp.all(
         ~jnp.isnan(natural.pair) & (natural.pair < jnp.inf), axis=(-3, -2, -1)
     )
-    return no_nan & jnp.isfinite(log_normalizer(natural))
+    length, k = natural.one_hot.shape[-2:]
+    bound = (
+        jnp.sum(jnp.max(jnp.abs(natural.one_hot), axis=-1), axis=-1)
+        + jnp.sum(jnp.max(jnp.abs(natural.pair), axis=(-2, -1)), axis=-1)
+        + length * math.log(k)
+    )
+    bounded = jnp.isfinite(bound)
+    finite = jax.lax.cond(
+        jnp.all(bounded),
+        lambda n: bounded,
+        lambda n: jnp.isfinite(log_normalizer(n)),
+        natural,
+    )
+    return no_nan & finite
 
 
 class ChainCategoricalDistribution(dist.Distribution):
