@@ -145,8 +145,8 @@ def log_normalizer(natural: ChainCategoricalStats) -> Array:
     return _over_batch(lambda n: _forward(n)[1], natural)
 
 
-def _mean_one(natural: ChainCategoricalStats) -> ChainCategoricalStats:
-    log_alpha, _ = _forward(natural)
+def _mean_and_norm_one(natural: ChainCategoricalStats) -> tuple[ChainCategoricalStats, Array]:
+    log_alpha, log_norm = _forward(natural)
     log_beta = _backward(natural)
     # Normalised per step, so each marginal is a softmax of O(1) numbers.
     marginals = jax.nn.softmax(log_alpha + log_beta, axis=-1)
@@ -156,13 +156,19 @@ def _mean_one(natural: ChainCategoricalStats) -> ChainCategoricalStats:
         + (natural.one_hot[1:] + log_beta[1:])[:, None, :]
     )
     pair = jnp.exp(log_pair - logsumexp(log_pair, axis=(-2, -1), keepdims=True))
-    return ChainCategoricalStats(one_hot=marginals, pair=pair)
+    return ChainCategoricalStats(one_hot=marginals, pair=pair), log_norm
 
 
 def mean_params(natural: ChainCategoricalStats) -> ChainCategoricalStats:
     """Return μ = ∇A(λ): marginals q(z_t) ∝ α_t β_t and pairwise marginals
     q(z_t = i, z_{t+1} = j) ∝ α_t(i) exp(ψ_t(i, j) + θ_{t+1}(j)) β_{t+1}(j) (forward-backward)."""
-    return _over_batch(_mean_one, natural)
+    return mean_and_log_normalizer(natural)[0]
+
+
+def mean_and_log_normalizer(natural: ChainCategoricalStats) -> tuple[ChainCategoricalStats, Array]:
+    """Return ``(μ, A(λ))`` from one forward-backward pass: A is the sum of the
+    forward pass's log scales, so the entropy A(λ) - <λ, μ> costs no second forward pass."""
+    return _over_batch(_mean_and_norm_one, natural)
 
 
 def _safe_log(p: Array) -> Array:
@@ -455,5 +461,6 @@ CHAIN_CATEGORICAL = ExpFamily(
     random_restart=False,
     index_valued=True,
     chain=True,
+    mean_and_log_normalizer=mean_and_log_normalizer,
 )
 """Discrete chain z_1..z_T in {0..K-1} with unary and pairwise log potentials (an HMM posterior)."""
