@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from blrppl.blr.config import AUTO_NOISY_RATE, Config
-from blrppl.blr.elbo import elbo_terms, mean_params
+from blrppl.blr.elbo import elbo_terms, mean_params, moments
 from blrppl.blr.incremental import build_store
 from blrppl.blr.minibatch import batch_key, minibatch, put_rows, take_rows
 from blrppl.blr.mstep import build_m_step
@@ -201,11 +201,15 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         else:
             for i, v in enumerate(ordered):
                 natural, sites = update(jax.random.fold_in(update_key, i), natural, sites, params, arrays, (v,), r, batch)
+        known = None
         if m_step is not None:
-            params = m_step(m_key, natural, params, arrays)
+            # The M-step and the ELBO read the same q: its moments (a chain's
+            # forward-backward) are computed once for both.
+            known = moments(qs, natural)
+            params = m_step(m_key, natural, params, arrays, {v: m for v, (m, _) in known.items()})
         running = polynomial_average(state.average, natural, t) if average else state.average
         new_state = state._replace(natural=natural, site_params=sites, params=params, step=t, average=running)
-        value = elbo(elbo_key, new_state, arrays, batch)
+        value = elbo(elbo_key, new_state, arrays, batch, known)
         return new_state._replace(elbo=value if guard else None), value
 
     def step(state: BLRState, arrays: Any) -> tuple[BLRState, BLRInfo]:
@@ -236,12 +240,14 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             new_state, change = window_change(qs, new_state)
         return new_state, BLRInfo(elbo=value, rho=r, change=change)
 
-    def elbo(rng_key: jax.Array, state: BLRState, arrays: Any, batch: Optional[jax.Array] = None) -> jax.Array:
-        """The ELBO of q (with a minibatch, its unbiased minibatch estimate)."""
+    def elbo(
+        rng_key: jax.Array, state: BLRState, arrays: Any, batch: Optional[jax.Array] = None, known: Optional[dict] = None
+    ) -> jax.Array:
+        """The ELBO of q (with a minibatch, its unbiased minibatch estimate); ``known``: q's moments, if computed."""
         local_axes = sub.local_axes if sub is not None else {}
         return elbo_terms(
             rng_key, qs, estimators, state.natural, state.params, arrays, batch, plate_factors, local_axes, scale,
-            skip=plan.imputed, rows=plan.orphans,
+            skip=plan.imputed, rows=plan.orphans, known=known,
         )
 
     sequential = any(est.sequential for est in estimators)

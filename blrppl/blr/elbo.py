@@ -7,12 +7,18 @@ from typing import Any, Mapping, Optional, Sequence
 import jax
 import jax.numpy as jnp
 
-from blrppl.families import entropy
+from blrppl.families import entropy, mean_and_log_normalizer
 
 
 def mean_params(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> dict:
     """μ = ∇A(λ) for every variable."""
     return {v: qs[v].family.mean_params(natural[v]) for v in natural}
+
+
+def moments(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> dict:
+    """``(μ, A(λ))`` for every variable, from one pass where the family shares one
+    (a chain's forward-backward): what the M-step and the ELBO of one step both read."""
+    return {v: mean_and_log_normalizer(qs[v].family, natural[v]) for v in natural}
 
 
 def elbo_terms(
@@ -28,6 +34,7 @@ def elbo_terms(
     scale: float = 1.0,
     skip: frozenset = frozenset(),
     rows: Optional[Mapping[str, Any]] = None,
+    known: Optional[Mapping[str, Any]] = None,
 ) -> jax.Array:
     """ELBO = Σ_f E_q[log f] + Σ_v H[q_v].
 
@@ -43,10 +50,12 @@ def elbo_terms(
     and their entropy: together they contribute nothing to the evidence.
     ``rows`` (variable -> boolean mask of its batch shape) keeps only those
     rows' entropies (orphan rows are integrated out, :mod:`blrppl.blr.orphans`).
+    ``known``: :func:`moments` of ``natural`` when the caller has them.
     """
     rows = rows or {}
     local_axes = local_axes or {}
-    mean = mean_params(qs, natural)
+    known = moments(qs, natural) if known is None else known
+    mean = {v: m for v, (m, _) in known.items()}
     total = jnp.zeros((), jnp.result_type(float))
     for i, est in enumerate(estimators):
         key = jax.random.fold_in(rng_key, i)
@@ -57,7 +66,7 @@ def elbo_terms(
             total = total + scale * value
         else:
             total = total + est.estimate(key, mean, params, arrays)[0]
-    for v, h in entropy_terms(qs, natural).items():
+    for v, h in entropy_terms(qs, natural, known).items():
         if v in skip:
             continue
         if v in rows:
@@ -69,6 +78,8 @@ def elbo_terms(
     return total
 
 
-def entropy_terms(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> dict:
-    """H[q_v] for every variable, batch shaped (one entry per independent block)."""
-    return {v: entropy(qs[v].family, lam) for v, lam in natural.items()}
+def entropy_terms(qs: Mapping[str, Any], natural: Mapping[str, Any], known: Optional[Mapping[str, Any]] = None) -> dict:
+    """H[q_v] for every variable, batch shaped (one entry per independent block);
+    ``known``: their :func:`moments`, if computed already."""
+    known = known or {}
+    return {v: entropy(qs[v].family, lam, known.get(v)) for v, lam in natural.items()}

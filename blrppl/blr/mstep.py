@@ -23,7 +23,8 @@ MAX_HALVINGS = 30
 
 
 def build_m_step(plan: Any) -> Callable:
-    """``(rng_key, natural, params, arrays) -> params`` for a plan with point estimates."""
+    """``(rng_key, natural, params, arrays, mean=None) -> params`` for a plan with point estimates
+    (``mean``: q's mean parameters, when the caller has computed them already)."""
     names = tuple(plan.init_params)
     transforms = plan.param_transforms
     estimators = [e for e in plan.estimators if _touches(plan, e.factor, names)]
@@ -31,8 +32,8 @@ def build_m_step(plan: Any) -> Callable:
     def to_params(u: dict) -> dict:
         return {n: transforms[n](u[n]) for n in names}
 
-    def m_step(rng_key, natural, params, arrays):
-        mean = mean_params(plan.qs, natural)
+    def m_step(rng_key, natural, params, arrays, mean=None):
+        mean = mean_params(plan.qs, natural) if mean is None else mean
         u0 = {n: transforms[n].inv(params[n]) for n in names}
         flat0, unravel = ravel_pytree(u0)
 

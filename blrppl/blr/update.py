@@ -97,7 +97,13 @@ def safe_global_update(family, natural: Any, messages: Sequence[Any], rho: Any) 
         candidate = step(rho * 0.5**k)
         return k + 1, candidate, _is_valid(family, candidate)
 
+    def halve(operands):
+        k, candidate, valid = jax.lax.while_loop(cond, body, (jnp.ones((), jnp.int32), *operands))
+        return jax.tree.map(lambda c, old: jnp.where(valid, c, old), candidate, natural), ~valid
+
+    # A valid first step (the rule) is taken as it is, without a select over λ.
+    # (Under vmap the cond runs both branches; the loop then starts from each
+    # member's own verdict, so valid members take no halving.)
     first = step(rho)
-    k, candidate, valid = jax.lax.while_loop(cond, body, (jnp.ones((), jnp.int32), first, _is_valid(family, first)))
-    new = jax.tree.map(lambda c, old: jnp.where(valid, c, old), candidate, natural)
-    return new, ~valid
+    valid = _is_valid(family, first)
+    return jax.lax.cond(valid, lambda o: (o[0], ~o[1]), halve, (first, valid))

@@ -5,7 +5,7 @@ one ``*Stats`` NamedTuple shared by λ, μ and T(x). Look families up by name wi
 :func:`get_family`; :data:`FAMILIES` lists them all.
 """
 
-from blrppl.families.base import ExpFamily, entropy, family_inner, kl_divergence
+from blrppl.families.base import ExpFamily, entropy, family_inner, kl_divergence, mean_and_log_normalizer
 from blrppl.families.bernoulli import BERNOULLI, BernoulliStats
 from blrppl.families.beta import BETA, BetaStats
 from blrppl.families.categorical import CATEGORICAL, CategoricalStats
@@ -68,6 +68,7 @@ __all__ = [
     "default_family_name",
     "statistic_name",
     "entropy",
+    "mean_and_log_normalizer",
     "family_for_distribution",
     "family_inner",
     "get_family",

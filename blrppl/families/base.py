@@ -91,6 +91,10 @@ class ExpFamily(NamedTuple):
             ``q.shape + (K,)``), differentiable in μ; estimators enumerate
             such variables. None for other families.
         chain: the family is a chain over a leading time axis.
+        mean_and_log_normalizer: ``λ -> (μ, A(λ))`` from one pass, for
+            families whose μ and A come out of the same recursion (a chain's
+            forward-backward); None computes them separately. The entropy and
+            KL divergence use it.
     """
 
     name: str
@@ -124,6 +128,7 @@ class ExpFamily(NamedTuple):
     index_valued: bool = False
     support_probs: Optional[Callable] = None
     chain: bool = False
+    mean_and_log_normalizer: Optional[Callable] = None
 
 
 def family_inner(family: ExpFamily, natural: Any, stats: Any) -> jax.Array:
@@ -137,11 +142,22 @@ def family_inner(family: ExpFamily, natural: Any, stats: Any) -> jax.Array:
     return sum(jax.tree.leaves(jax.tree.map(field_inner, natural, stats)))
 
 
-def entropy(family: ExpFamily, natural: Any) -> jax.Array:
-    """H[q] = A(λ) - <λ, μ> - E_q[log h(x)], batch shaped."""
-    mean = family.mean_params(natural)
+def mean_and_log_normalizer(family: ExpFamily, natural: Any) -> tuple[Any, jax.Array]:
+    """``(μ, A(λ))``, from one pass where the family shares one (chains)."""
+    if family.mean_and_log_normalizer is not None:
+        return family.mean_and_log_normalizer(natural)
+    return family.mean_params(natural), family.log_normalizer(natural)
+
+
+def entropy(family: ExpFamily, natural: Any, moments: Optional[tuple[Any, jax.Array]] = None) -> jax.Array:
+    """H[q] = A(λ) - <λ, μ> - E_q[log h(x)], batch shaped.
+
+    ``moments``: ``(μ, A(λ))`` when the caller has them already
+    (:func:`mean_and_log_normalizer`), so that they are not computed twice.
+    """
+    mean, log_norm = mean_and_log_normalizer(family, natural) if moments is None else moments
     return (
-        family.log_normalizer(natural)
+        log_norm
         - family_inner(family, natural, mean)
         - family.expected_log_base_measure(natural)
     )
@@ -152,10 +168,10 @@ def kl_divergence(family: ExpFamily, natural: Any, other_natural: Any) -> jax.Ar
 
         KL = A(λ') - A(λ) - <λ' - λ, μ>,   μ = ∇A(λ)
     """
-    mean = family.mean_params(natural)
+    mean, log_norm = mean_and_log_normalizer(family, natural)
     diff = jax.tree.map(lambda a, b: a - b, other_natural, natural)
     return (
         family.log_normalizer(other_natural)
-        - family.log_normalizer(natural)
+        - log_norm
         - family_inner(family, diff, mean)
     )

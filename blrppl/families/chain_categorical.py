@@ -145,8 +145,8 @@ def log_normalizer(natural: ChainCategoricalStats) -> Array:
     return _over_batch(lambda n: _forward(n)[1], natural)
 
 
-def _mean_one(natural: ChainCategoricalStats) -> ChainCategoricalStats:
-    log_alpha, _ = _forward(natural)
+def _mean_and_norm_one(natural: ChainCategoricalStats) -> tuple[ChainCategoricalStats, Array]:
+    log_alpha, log_norm = _forward(natural)
     log_beta = _backward(natural)
     # Normalised per step, so each marginal is a softmax of O(1) numbers.
     marginals = jax.nn.softmax(log_alpha + log_beta, axis=-1)
@@ -156,13 +156,19 @@ def _mean_one(natural: ChainCategoricalStats) -> ChainCategoricalStats:
         + (natural.one_hot[1:] + log_beta[1:])[:, None, :]
     )
     pair = jnp.exp(log_pair - logsumexp(log_pair, axis=(-2, -1), keepdims=True))
-    return ChainCategoricalStats(one_hot=marginals, pair=pair)
+    return ChainCategoricalStats(one_hot=marginals, pair=pair), log_norm
 
 
 def mean_params(natural: ChainCategoricalStats) -> ChainCategoricalStats:
     """Return μ = ∇A(λ): marginals q(z_t) ∝ α_t β_t and pairwise marginals
     q(z_t = i, z_{t+1} = j) ∝ α_t(i) exp(ψ_t(i, j) + θ_{t+1}(j)) β_{t+1}(j) (forward-backward)."""
-    return _over_batch(_mean_one, natural)
+    return mean_and_log_normalizer(natural)[0]
+
+
+def mean_and_log_normalizer(natural: ChainCategoricalStats) -> tuple[ChainCategoricalStats, Array]:
+    """Return ``(μ, A(λ))`` from one forward-backward pass: A is the sum of the
+    forward pass's log scales, so the entropy A(λ) - <λ, μ> costs no second forward pass."""
+    return _over_batch(_mean_and_norm_one, natural)
 
 
 def _safe_log(p: Array) -> Array:
@@ -323,14 +329,28 @@ def sample(
 
 
 def is_valid(natural: ChainCategoricalStats) -> Array:
-    """Return A(λ) finite (some path has positive probability) and no +∞/NaN potential."""
-    no_nan = jnp.all(
-        ~jnp.isnan(natural.one_hot) & (natural.one_hot < jnp.inf), axis=(-2, -1)
+    """Return A(λ) finite (some path has positive probability) and no +∞/NaN potential.
+
+    The forward pass runs only when needed: every path's log weight lies
+    within ±(Σ|θ| + Σ|ψ|), and there are K^T paths, so
+    |A(λ)| <= Σ|θ| + Σ|ψ| + T log K. A finite bound (one reduction per
+    field, which NaN and ±∞ make non-finite) proves A finite and every
+    potential finite without the O(T) sequential recursion.
+    """
+    length, k = natural.one_hot.shape[-2:]
+    bound = (
+        jnp.sum(jnp.abs(natural.one_hot), axis=(-2, -1))
+        + jnp.sum(jnp.abs(natural.pair), axis=(-3, -2, -1))
+        + length * math.log(k)
     )
-    no_nan &= jnp.all(
-        ~jnp.isnan(natural.pair) & (natural.pair < jnp.inf), axis=(-3, -2, -1)
-    )
-    return no_nan & jnp.isfinite(log_normalizer(natural))
+    bounded = jnp.isfinite(bound)
+
+    def exact(n):
+        no_nan = jnp.all(~jnp.isnan(n.one_hot) & (n.one_hot < jnp.inf), axis=(-2, -1))
+        no_nan &= jnp.all(~jnp.isnan(n.pair) & (n.pair < jnp.inf), axis=(-3, -2, -1))
+        return no_nan & jnp.isfinite(log_normalizer(n))
+
+    return jax.lax.cond(jnp.all(bounded), lambda n: bounded, exact, natural)
 
 
 class ChainCategoricalDistribution(dist.Distribution):
@@ -436,5 +456,6 @@ CHAIN_CATEGORICAL = ExpFamily(
     random_restart=False,
     index_valued=True,
     chain=True,
+    mean_and_log_normalizer=mean_and_log_normalizer,
 )
 """Discrete chain z_1..z_T in {0..K-1} with unary and pairwise log potentials (an HMM posterior)."""

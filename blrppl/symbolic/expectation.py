@@ -43,6 +43,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from blrppl.symbolic.compiled import Analysis, StatRead, StatTerm, stats_needed
 from blrppl.symbolic.statistics import (
@@ -141,6 +142,7 @@ def read_statistic(
             else:
                 idx = Index(idx.labels, take_observations(jnp.asarray(idx.array), list(idx.labels), obs, batch))
         index.append(idx)
+    array, index = _slice_ranges(array, index)
     gather_axes = [i for i, idx in enumerate(index) if not idx.direct]
     direct_axes = [i for i, idx in enumerate(index) if idx.direct]
     if gather_axes:
@@ -171,6 +173,37 @@ def read_statistic(
                 labels = [x for i, x in enumerate(labels) if i not in (q, p)] + [lab]
                 break
     return array, labels
+
+
+def _slice_ranges(array: jax.Array, index: list) -> tuple[jax.Array, list]:
+    """Read constant evenly spaced index arrays (a chain's ``z[1:]``) as static slices.
+
+    A gather at constant positions ``start, start + step, ...`` reads the same
+    values as a strided slice, but its gradient (how site parameters are
+    taken from the expectation) is a scatter-add, a serial loop on a CPU,
+    where a slice's is a pad. Only a 1-D index whose label no other axis of
+    the read shares is sliced (a shared label reads a diagonal jointly).
+    """
+    index = list(index)
+    counts: dict = {}
+    for idx in index:
+        for lab in idx.labels:
+            counts[lab] = counts.get(lab, 0) + 1
+    for axis, idx in enumerate(index):
+        arr = idx.array
+        if idx.direct or not isinstance(arr, np.ndarray) or arr.ndim != 1 or counts[idx.labels[0]] != 1:
+            continue
+        size = array.shape[axis]
+        positions = np.where(arr < 0, arr + size, arr).astype(np.int64)
+        if positions.size == 0 or positions.min() < 0 or positions.max() >= size:
+            continue  # out of range: left to the gather's own semantics
+        step = int(positions[1] - positions[0]) if positions.size > 1 else 1
+        if step < 1 or np.any(np.diff(positions) != step):
+            continue
+        start = int(positions[0])
+        array = jax.lax.slice_in_dim(array, start, start + step * (positions.size - 1) + 1, step, axis=axis)
+        index[axis] = Index(idx.labels)
+    return array, index
 
 
 def expected_value(
