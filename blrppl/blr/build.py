@@ -24,6 +24,7 @@ from blrppl.blr.elbo import elbo_terms, mean_params, moments
 from blrppl.blr.incremental import build_store
 from blrppl.blr.minibatch import batch_key, minibatch, put_rows, take_rows
 from blrppl.blr.mstep import build_m_step
+from blrppl.blr.newton import MAX_NEWTON_SIZE, newton_candidate, newton_size
 from blrppl.blr.plan import Plan
 from blrppl.blr.restarts import random_params, random_start
 from blrppl.blr.schedules import as_schedule
@@ -86,6 +87,10 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     # smaller ρ, so the run ascends monotonically instead of circling its optimum.
     slack = STRICT_GUARD_SLACK if config.blocks == "all" or config.strict_guard else GUARD_SLACK
     newton_start = _newton_start(plan, config) if plan.start_estimators and not random_starts else None
+    # Newton on the ELBO needs the ELBO itself to be exact up to quadrature: a degree-3 cubature's
+    # error is a ridge Newton would climb (UCBadmit), so cubature fits keep the BLR step alone.
+    cubature = any(e.method.estimator == "cubature" for e in plan.estimators)
+    newton = config.newton and guard and mode == "global" and not plan.init_params and not average and not cubature
 
     def batch_of(state: BLRState, t: jax.Array) -> Optional[jax.Array]:
         if sub is None:
@@ -235,6 +240,16 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             )
         else:
             new_state, value = attempt(state, arrays, r)
+        if newton and newton_size(state.natural) <= MAX_NEWTON_SIZE:
+            # Keep the better of the BLR step and a damped Newton step on the ELBO (blrppl.blr.newton).
+            key = jax.random.fold_in(state.rng_key, state.step)
+            natural, candidate = newton_candidate(lambda nat: elbo(key, state._replace(natural=nat), arrays), state.natural)
+            better = candidate > value
+            new_state = new_state._replace(
+                natural=jax.tree.map(lambda a, b: jnp.where(better, a, b), natural, new_state.natural),
+                elbo=jnp.where(better, candidate, value),
+            )
+            value = jnp.where(better, candidate, value)
         change = jnp.asarray(jnp.nan, value.dtype)
         if average:
             new_state, change = window_change(qs, new_state)

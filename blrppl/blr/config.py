@@ -64,6 +64,10 @@ class Config(NamedTuple):
       strict_guard: with the ELBO guard, retry every step that lowers the
         ELBO (not only collapses): monotone ascent to a settled optimum
         (one full Gaussian: ``blocks="all"``, Integrated's VI inner fits).
+      newton: with the ELBO guard and no point estimates, each step also
+        tries damped Newton steps on the deterministic ELBO in natural
+        parameters and keeps the better (:mod:`blrppl.blr.newton`; one full
+        Gaussian: ``NonConjugateVI(blocks="all")``).
       name: the preset's name, for messages.
     """
 
@@ -84,6 +88,7 @@ class Config(NamedTuple):
     joint_gaussians: bool = False
     joint_hyperparameters: bool = False
     strict_guard: bool = False
+    newton: bool = False
     name: str = "BLR"
 
 

@@ -95,7 +95,7 @@ def assert_at_optimum(m, cov, ref_m, ref_cov):
     np.testing.assert_array_less(np.abs(np.sqrt(np.diag(cov)) / ref_sd - 1.0), 0.02)
 
 
-@pytest.mark.parametrize("name, num_steps", [("eight_schools_noncentered", 50), ("eight_schools_centered", 250)])
+@pytest.mark.parametrize("name, num_steps", [("eight_schools_noncentered", 50), ("eight_schools_centered", 50)])
 def test_eight_schools_reaches_the_full_gaussian_optimum(rng_key, name, num_steps):
     entry = ZOO[name]
     args, kwargs = entry.data()
@@ -112,6 +112,9 @@ def test_eight_schools_reaches_the_full_gaussian_optimum(rng_key, name, num_step
     np.testing.assert_allclose(result.elbo[-1], ref_elbo, atol=2e-3)
     elbo = np.asarray(result.elbo)
     assert np.all(np.diff(elbo) >= -1e-9 * np.abs(elbo[1:]))  # the guard: monotone ascent
+    # BLR steps with damped Newton steps on the deterministic ELBO (blrppl.blr.newton): settled in
+    # tens of steps (the BLR alone needed ~150 on the centred funnel).
+    assert np.all(np.abs(elbo[30:] - elbo[-1]) < 1e-6)
 
 
 def test_breast_cancer_logistic_reaches_the_full_gaussian_optimum_in_tens_of_steps(rng_key):
