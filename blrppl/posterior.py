@@ -141,14 +141,14 @@ def block_marginals(q: Any, natural: Any) -> dict:
             loc_s, scale_s = m, sd
             if len(shape) > 1:
                 base = dist.TransformedDistribution(base, dist.transforms.ReshapeTransform(shape, (size,)))
-        if _is_identity(transform):
+        if is_identity(transform):
             out[node.name] = base
         else:
             out[node.name] = TransformedGaussian(base, transform, loc_s, scale_s)
     return out
 
 
-def _is_identity(transform: Any) -> bool:
+def is_identity(transform: Any) -> bool:
     import numpyro.distributions.transforms as T
 
     while isinstance(transform, T.IndependentTransform):

@@ -112,6 +112,9 @@ SLOW = (
     "tests/engines/test_full_gaussian.py::test_eight_schools_reaches_the_full_gaussian_optimum[eight_schools_centered",
     "tests/engines/test_full_gaussian.py::test_breast_cancer_logistic_reaches",
     "tests/engines/test_integrated.py::test_hierarchical_logistic_with_variational_inner_fits_matches_nuts",
+    # Twin in the default run: scalar_poisson.
+    "tests/engines/test_robustness.py::test_broad_priors_land_on_the_posterior[logistic_s100]",
+    "tests/engines/test_robustness.py::test_broad_priors_land_on_the_posterior[poisson_s100]",
 )
 # The parallel-in-time (associative scan) chain passes compile slowly on a CPU
 # and are meant for accelerators; their sequential twins stay in the default run.

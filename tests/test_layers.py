@@ -1,6 +1,6 @@
 """The package's dependencies point one way, modules stay small, private names stay home.
 
-Layers, lowest first: families < graph < symbolic < estimators < blr < engines
+Layers, lowest first: families < graph < symbolic < estimators < blr < deep < engines
 (and the user-facing modules at the top level). A module may import from its
 own layer or a lower one, never a higher one, and never a ``_private`` name
 of another package.
@@ -12,7 +12,7 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "blrppl"
-LAYERS = ["families", "graph", "symbolic", "estimators", "blr", "engines"]
+LAYERS = ["families", "graph", "symbolic", "estimators", "blr", "deep", "engines"]
 MAX_LINES = 600
 
 

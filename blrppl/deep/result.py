@@ -12,7 +12,7 @@ from numpyro.infer import Predictive
 
 from blrppl.deep.flat import FlatModel
 from blrppl.deep.rules import DiagonalState, Rule
-from blrppl.posterior import TransformedGaussian, _is_identity
+from blrppl.posterior import TransformedGaussian, is_identity
 
 
 class DiagonalResult:
@@ -60,7 +60,7 @@ class DiagonalResult:
         for site in self.flat.sites:
             loc, scale = m[site.name], 1.0 / jnp.sqrt(s[site.name])
             base = dist.Normal(loc, scale).to_event(len(site.unconstrained_shape))
-            if _is_identity(site.transform):
+            if is_identity(site.transform):
                 out[site.name] = base
             else:
                 out[site.name] = TransformedGaussian(base, site.transform, loc, scale)

@@ -150,7 +150,7 @@ def with_deterministic(X, y=None):
 def test_result_api_draws_guide_and_arviz(data):
     X, y = data
     engine = DiagonalBLR(with_deterministic)
-    result = engine.run(jax.random.key(0), 3000, X, y=y)
+    result = engine.run(jax.random.key(0), 1500, X, y=y)
     q = result.posterior["prec"]
     assert q.mean > 0 and q.variance > 0  # a Gaussian on log prec, moments in the support
     assert abs(float(q.mean) - 1 / SIGMA**2) < 0.5
