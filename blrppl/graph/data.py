@@ -94,7 +94,11 @@ def _digest(obj: Any, digest: Any, seen: set) -> None:
     if isinstance(obj, (np.ndarray, jax.Array, np.generic)):
         array = np.asarray(obj)
         digest.update(f"array{array.dtype}{array.shape}".encode())
-        digest.update(np.ascontiguousarray(array).tobytes())
+        contiguous = np.ascontiguousarray(array)
+        try:  # the array's own buffer: no copy of large data
+            digest.update(memoryview(contiguous).cast("B"))
+        except (TypeError, ValueError):  # object or unusual dtypes
+            digest.update(contiguous.tobytes())
         return
     if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes, type)):
         digest.update(f"{type(obj).__name__}:{obj!r}".encode())
