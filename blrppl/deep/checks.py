@@ -96,3 +96,44 @@ def prior_flags(share) -> tuple[str, ...]:
         "model. For a wide neural network this is mean-field VI's known collapse (Coker et al. 2022), not a bug "
         "in the run: its predictions are close to the prior's; use a narrower model, a MAP fit, or NUTS",
     )
+
+
+#: The averaged q is flagged when its mean's Monte Carlo error exceeds this many posterior sds,
+#: or its precision's exceeds this relative error.
+MEAN_MCSE = 0.1
+PRECISION_MCSE = 0.1
+
+
+def averaging_flags(flat: FlatModel, state: DiagonalState) -> tuple[str, ...]:
+    """A flag when the averaged iterates are too noisy to be q (batch means over the averaging window).
+
+    The stochastic iterates scatter around the optimum; their average's
+    Monte Carlo error is estimated from the spread of the averages of the
+    window's parts (batch means), in posterior sds for m, relatively for s.
+    """
+    count = np.asarray(state.average.count)
+    if np.any(count < 2):
+        return ()
+    means, precisions = (np.asarray(a, float) for a in state.batch_means())
+    mean, precision = (np.asarray(a, float) for a in state.averaged())
+    k = len(count)
+    mean_error = means.std(0, ddof=1) / np.sqrt(k) * np.sqrt(precision)  # in posterior sds
+    precision_error = precisions.std(0, ddof=1) / np.sqrt(k) / precision
+    worst = int(np.argmax(np.maximum(mean_error / MEAN_MCSE, precision_error / PRECISION_MCSE)))
+    if mean_error[worst] <= MEAN_MCSE and precision_error[worst] <= PRECISION_MCSE:
+        return ()
+    return (
+        f"site {_site_of(flat, worst)!r}: the averaged iterates are noisy (Monte Carlo error of q's mean "
+        f"{mean_error[worst]:.2g} posterior sds, of its precision {100 * precision_error[worst]:.0f}%, from batch "
+        "means over the averaging window); lower learning_rate, raise num_samples or the minibatch size, or "
+        "run more steps",
+    )
+
+
+def _site_of(flat: FlatModel, coordinate: int) -> str:
+    offset = 0
+    for site in flat.sites:
+        if coordinate < offset + site.size:
+            return site.name
+        offset += site.size
+    return flat.sites[-1].name

@@ -68,12 +68,16 @@ class Hyper(NamedTuple):
     clip: Optional[float]  # largest |Δm| per coordinate, or None
 
 
-class Average(NamedTuple):
-    """Running sums of the iterates (m, s) after a given step (Polyak averaging)."""
+#: The averaging window is split into this many batches (batch means: Monte Carlo error of the average).
+AVERAGE_BATCHES = 8
 
-    mean: jax.Array
-    precision: jax.Array
-    count: jax.Array
+
+class Average(NamedTuple):
+    """Running sums of the iterates (m, s) in each of ``AVERAGE_BATCHES`` parts of the window (Polyak averaging)."""
+
+    mean: jax.Array  # (AVERAGE_BATCHES, d)
+    precision: jax.Array  # (AVERAGE_BATCHES, d)
+    count: jax.Array  # (AVERAGE_BATCHES,)
 
 
 class DiagonalState(NamedTuple):
@@ -91,18 +95,23 @@ class DiagonalState(NamedTuple):
 
     def averaged(self) -> tuple[jax.Array, jax.Array]:
         """(m, s): the averages of the iterates where there are any, else the last iterate."""
-        count = self.average.count
+        count = jnp.sum(self.average.count)
         some = count > 0
-        mean = jnp.where(some, self.average.mean / jnp.maximum(count, 1), self.mean)
-        precision = jnp.where(some, self.average.precision / jnp.maximum(count, 1), self.precision)
+        mean = jnp.where(some, jnp.sum(self.average.mean, 0) / jnp.maximum(count, 1), self.mean)
+        precision = jnp.where(some, jnp.sum(self.average.precision, 0) / jnp.maximum(count, 1), self.precision)
         return mean, precision
+
+    def batch_means(self) -> tuple[jax.Array, jax.Array]:
+        """((K, d), (K, d)): the average of m and of s within each part of the window."""
+        count = jnp.maximum(self.average.count, 1)[:, None]
+        return self.average.mean / count, self.average.precision / count
 
 
 def init_state(mean: jax.Array, precision: jax.Array, rng_key: jax.Array) -> DiagonalState:
     """The state before the first step."""
-    zeros = jnp.zeros_like(mean)
-    average = Average(zeros, zeros, jnp.zeros((), mean.dtype))
-    return DiagonalState(mean, precision, zeros, average, jnp.zeros((), jnp.int32), rng_key)
+    zeros = jnp.zeros((AVERAGE_BATCHES,) + mean.shape, mean.dtype)
+    average = Average(zeros, zeros, jnp.zeros((AVERAGE_BATCHES,), mean.dtype))
+    return DiagonalState(mean, precision, jnp.zeros_like(mean), average, jnp.zeros((), jnp.int32), rng_key)
 
 
 def entropy(precision: jax.Array) -> jax.Array:
@@ -117,7 +126,7 @@ def rademacher_diagonal(hvp: Callable, key: jax.Array, dim: int, dtype) -> jax.A
 
 
 def make_step(flat: FlatModel, rule: Rule, hyper: Hyper) -> Callable:
-    """The pure step ``(state, arrays, average_after) -> (state, elbo_estimate)`` of one rule."""
+    """The pure step ``(state, arrays, window) -> (state, elbo_estimate)`` of one rule."""
     sub = flat.subsample
     scale = sub.size / sub.batch_size
 
@@ -137,8 +146,8 @@ def make_step(flat: FlatModel, rule: Rule, hyper: Hyper) -> Callable:
             return loss, grad, grad * (u - mean) * precision  # E_q[ĝ (u - m) s] = E_q[diag ∇²ℓ̄] (Stein)
         return loss, grad, grad**2 / sub.size  # N (ĝ / N)² (Eq. 38)
 
-    def step(state: DiagonalState, arrays: tuple, average_after: jax.Array) -> tuple[DiagonalState, jax.Array]:
-        """One step; iterates after step ``average_after`` enter the averages."""
+    def step(state: DiagonalState, arrays: tuple, window: jax.Array) -> tuple[DiagonalState, jax.Array]:
+        """One step; iterates after step ``window[0]`` enter the averages (a window of ``window[1]`` steps)."""
         t = state.step + 1
         key = jax.random.fold_in(state.rng_key, t)
         k_noise, k_probe, k_batch = jax.random.split(key, 3)
@@ -170,9 +179,13 @@ def make_step(flat: FlatModel, rule: Rule, hyper: Hyper) -> Callable:
         if hyper.clip is not None:
             delta = jnp.clip(delta, -hyper.clip, hyper.clip)
         m_new = m - delta
-        keep = (t > average_after).astype(m.dtype)
+        after, length = window[0], jnp.maximum(window[1], 1)
+        keep = (t > after).astype(m.dtype)
+        part = jnp.clip((t - after - 1) * AVERAGE_BATCHES // length, 0, AVERAGE_BATCHES - 1)
         average = Average(
-            state.average.mean + keep * m_new, state.average.precision + keep * s_new, state.average.count + keep
+            state.average.mean.at[part].add(keep * m_new),
+            state.average.precision.at[part].add(keep * s_new),
+            state.average.count.at[part].add(keep),
         )
         elbo = -loss + entropy(s)  # a one-sample (minibatch) estimate of the ELBO of q before the step
         return DiagonalState(m_new, s_new, momentum, average, t, state.rng_key), elbo

@@ -11,7 +11,7 @@ from numpyro import handlers
 from numpyro.infer import init_to_uniform
 
 from blrppl.blr.schedules import as_schedule
-from blrppl.deep.checks import convergence_flags, data_share, prior_flags, raise_if_diverged
+from blrppl.deep.checks import averaging_flags, convergence_flags, data_share, prior_flags, raise_if_diverged
 from blrppl.deep.flat import FlatModel, flat_model
 from blrppl.deep.result import DiagonalResult
 from blrppl.graph.data import content_digest, split_model_data
@@ -131,16 +131,17 @@ class DiagonalBLR:
         arrays = flat.data.arrays
         state = self._start(flat, rng_key) if init_state is None else init_state
         state = state._replace(average=jax.tree.map(jnp.zeros_like, state.average))  # this run's iterates only
-        average_after = state.step + int(num_steps) - int(round(self.average * num_steps))
+        length = int(round(self.average * num_steps))
+        window = jnp.stack([state.step + int(num_steps) - length, jnp.asarray(length, state.step.dtype)])
         traces = []
-        for length in _chunks(int(num_steps)):
-            state, elbo = run_chunk(length)(state, arrays, average_after)
+        for chunk in _chunks(int(num_steps)):
+            state, elbo = run_chunk(chunk)(state, arrays, window)
             traces.append(elbo)
         elbo = jnp.concatenate(traces)
         raise_if_diverged(flat, state, self.rule.name)
         mean, precision = state.averaged()
         share = run_chunk("share")(mean, precision, arrays, jax.random.fold_in(rng_key, 1))
-        flags = convergence_flags(self.rule, elbo) + prior_flags(share)
+        flags = convergence_flags(self.rule, elbo) + averaging_flags(flat, state) + prior_flags(share)
         return DiagonalResult(flat, self.rule, state, elbo, flags)
 
     def _compile(self, model_args: tuple, model_kwargs: dict) -> tuple[FlatModel, Callable]:
@@ -162,7 +163,7 @@ class DiagonalBLR:
                     chunks[length] = jax.jit(lambda m, s, arrays, key: data_share(flat, m, s, arrays, key))
                 if length not in chunks:
                     chunks[length] = jax.jit(
-                        lambda state, arrays, after: jax.lax.scan(lambda s, _: step(s, arrays, after), state, None, length)
+                        lambda state, arrays, window: jax.lax.scan(lambda s, _: step(s, arrays, window), state, None, length)
                     )
                 return chunks[length]
 

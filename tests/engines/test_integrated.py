@@ -11,7 +11,6 @@ Compiled fits are shared by module-scoped fixtures: one engine per model.
 """
 
 import json
-import logging
 import pathlib
 import warnings
 
@@ -31,6 +30,7 @@ from blrppl.errors import IntegrationWarning
 from models import eight_schools_centered as centred
 from models import eight_schools_noncentered as noncentred
 from models import hierarchical_logistic, linear_regression, nile
+from tests.compiles import compilations
 from tests.engines import integrated_references as references
 
 MOMENT_TOL = 1e-3  # of a reference sd (means) and relative (sds); the issue asks 0.05 and 5%
@@ -142,20 +142,12 @@ def test_new_data_of_the_same_shapes_compile_nothing(schools, name):
     warm = engine.run(jax.random.key(0), 20, centred.SIGMA, y=np.asarray(centred.Y) * 0.7 - 1.0)
     jax.block_until_ready((warm.posterior["mu"].mean, warm.posterior["tau"].variance))
     y = np.asarray(centred.Y) * 1.6 + 3.0  # numpy: no device op of our own in the count
-    messages = []
-    handler = logging.Handler()
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger = logging.getLogger("jax")
-    logger.addHandler(handler)
-    try:
-        with jax.log_compiles(True):
-            result = engine.run(jax.random.key(0), 20, centred.SIGMA, y=y)
-            posterior = result.posterior
-            jax.block_until_ready((posterior["mu"].mean, posterior["tau"].variance))
-    finally:
-        logger.removeHandler(handler)
+    with compilations() as compiled:
+        result = engine.run(jax.random.key(0), 20, centred.SIGMA, y=y)
+        posterior = result.posterior
+        jax.block_until_ready((posterior["mu"].mean, posterior["tau"].variance))
     assert result.fit.grid.num_evaluated != warm.fit.grid.num_evaluated  # the test bites
-    assert [m for m in messages if m.startswith("Compiling")] == []
+    assert compiled == []
 
 
 def test_draws_arviz_and_predictive(schools):
