@@ -14,19 +14,27 @@ every factor conjugate, each on one    ``ConjugateBayes``  the posterior is in q
 q block                                                    ρ = 1 step is exact
 every factor conjugate                 ``VMP``             exact site parameters, coordinate
                                                            ascent over mean-field blocks
+a Monte Carlo factor coupling a few   ``NonConjugateVI``  one full Gaussian over the latents of
+continuous latents (at most            ``(blocks="all")``  the non-conjugate factors: mean-field
+``MAX_DEFAULT_JOINT`` scalars)                             drops their posterior correlation, and
+                                                           noisy steps crawl along its ridges
 a non-conjugate factor                 ``NonConjugateVI``  exact where conjugate, estimated
                                                            natural gradients elsewhere
 =====================================  ==================  ======================================
 
-A rule is a :class:`Rule`: an engine name and a test of the :class:`Facts`
-that returns the reason it applies (or None). A new engine is one more rule
+A rule is a :class:`Rule`: an engine name, its options and a test of the
+:class:`Facts` that returns the reason it applies (or None). A new engine is one more rule
 in the list (and one entry of :data:`ENGINES`), placed where it should win.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
+import numpy as np
+
+from blrppl.blr.plan import nonconjugate_block
 from blrppl.engines.base import Engine
 from blrppl.engines.blr import BLR
 from blrppl.engines.conjugate import ConjugateBayes
@@ -80,10 +88,11 @@ class Facts(NamedTuple):
 
 
 class Rule(NamedTuple):
-    """One line of the choice: ``test(facts)`` returns why ``engine`` fits, or None."""
+    """One line of the choice: ``test(facts)`` returns why ``engine(**options)`` fits, or None."""
 
     engine: str
     test: Callable[[Facts], Optional[str]]
+    options: Mapping[str, Any] = MappingProxyType({})
 
 
 class Choice(NamedTuple):
@@ -139,6 +148,30 @@ def _vmp(facts: Facts) -> Optional[str]:
     return f"{reason}; {facts.not_in_family or 'the posterior is not in the family'}: coordinate ascent"
 
 
+def _joint_block(facts: Facts) -> Optional[str]:
+    if not facts.nonconjugate or facts.plan is None or facts.params:
+        return None
+    try:
+        blocks = nonconjugate_block(facts.graph)
+    except ModelError:  # larger than any full Gaussian: mean-field
+        return None
+    if not blocks or len(blocks[0]) < 2:
+        return None
+    sites = blocks[0]
+    size = sum(int(np.prod(facts.graph.variables[v].shape)) for v in sites)
+    sampled = {est.factor for est in facts.plan.estimators if est.method.estimator == "mc"}
+    coupled = [
+        f for f, _, _ in facts.nonconjugate
+        if f in sampled and len(set(facts.graph.factors[f].neighbours) & set(sites)) >= 2
+    ]
+    if size > MAX_DEFAULT_JOINT or not coupled:
+        return None
+    return (
+        f"factor {coupled[0]!r} couples {list(sites)} ({size} scalars) through a Monte Carlo estimate: one "
+        "full Gaussian over them (blocks='all') keeps the posterior correlation that mean-field drops"
+    )
+
+
 def _nonconjugate(facts: Facts) -> Optional[str]:
     shown = [f"{f!r} in {v!r}" for f, v, _ in facts.nonconjugate[:3]]
     more = f" and {len(facts.nonconjugate) - 3} more" if len(facts.nonconjugate) > 3 else ""
@@ -151,12 +184,16 @@ RULES: tuple[Rule, ...] = (
     Rule("EM", _em),
     Rule("ConjugateBayes", _conjugate_bayes),
     Rule("VMP", _vmp),
+    Rule("NonConjugateVI", _joint_block, MappingProxyType({"blocks": "all"})),
     Rule("NonConjugateVI", _nonconjugate),
 )
 """The rules in order; the first that applies chooses (module docstring)."""
 
+MAX_DEFAULT_JOINT = 30
+"""The most latent scalars :func:`choose` joins in one full Gaussian by default (its cost is cubic)."""
+
 REUSES_PLAN = frozenset({"EM", "ConjugateBayes", "VMP", "NonConjugateVI"})
-"""Engines whose default plan equals the facts' plan when their rule applies.
+"""Engines whose default plan equals the facts' plan when their rule applies (without options).
 
 ``NonConjugateVI`` made it; the exact engines plan the same fit when every
 factor is conjugate (the same exact estimators, the same q, no other
@@ -230,8 +267,8 @@ def choose(model: Callable, *args: Any, **kwargs: Any) -> Choice:
     for rule in RULES:
         reason = rule.test(facts)
         if reason is not None:
-            plan = facts.plan if rule.engine in REUSES_PLAN else None
-            return Choice(ENGINES[rule.engine](model), rule.engine, (reason,), plan)
+            plan = facts.plan if rule.engine in REUSES_PLAN and not rule.options else None
+            return Choice(ENGINES[rule.engine](model, **rule.options), rule.engine, (reason,), plan)
     raise ModelError(  # unreachable with the rules above: the last one always applies
         f"site {getattr(model, '__name__', 'model')!r}: no engine rule applies; pass --algorithm."
     )

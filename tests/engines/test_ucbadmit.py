@@ -43,18 +43,31 @@ def test_cubature_past_four_dimensions_is_exact_to_degree_three_with_positive_we
     np.testing.assert_allclose(np.einsum("k,ki,kj,kl->ijl", weights, nodes, nodes, nodes), 0.0, atol=1e-12)
 
 
-@pytest.fixture(scope="module")
-def fit():
-    args, kwargs = ucbadmit.data()
-    engine = blrppl.NonConjugateVI(ucbadmit.model, estimator=DETERMINISTIC, blocks="all", learning_rate=0.3)
-    result = engine.run(jax.random.key(0), 1500, *args, progress_bar=False, tol=1e-8, **kwargs)
+def _moments(result, args):
     draws = result.sample(jax.random.key(1), 20_000)
     sigma, L_Rho, z, v_mu = draws["sigma"], draws["L_Rho"], draws["z"], draws["v_mu"]
     v = jnp.einsum("...ij,...dj->...di", sigma[..., :, None] * L_Rho, z)
     dept, male, _ = args
     logits = v_mu[..., :1] + v[..., dept, 0] + (v_mu[..., 1:] + v[..., dept, 1]) * male
     sites = {"v_mu": v_mu, "sigma": sigma, "rho": L_Rho[..., 1, 0], "v": v, "logits": logits}
-    return result, {k: (np.asarray(x.mean(0)), np.asarray(x.std(0))) for k, x in sites.items()}
+    return {k: (np.asarray(x.mean(0)), np.asarray(x.std(0))) for k, x in sites.items()}
+
+
+@pytest.fixture(scope="module")
+def fit():
+    args, kwargs = ucbadmit.data()
+    engine = blrppl.NonConjugateVI(ucbadmit.model, estimator=DETERMINISTIC, blocks="all", learning_rate=0.3)
+    result = engine.run(jax.random.key(0), 1500, *args, progress_bar=False, tol=1e-8, **kwargs)
+    return result, _moments(result, args)
+
+
+@pytest.fixture(scope="module")
+def default_fit():
+    """The engine ``blrppl.choose`` (and ``python -m blrppl fit``) picks, with its default options."""
+    args, kwargs = ucbadmit.data()
+    choice = blrppl.choose(ucbadmit.model, *args, **kwargs)
+    result = choice.engine.run(jax.random.key(0), 4000, *args, progress_bar=False, tol=1e-4, **kwargs)
+    return choice, result, _moments(result, args)
 
 
 def _in_nuts_sd(site, moments):
@@ -83,3 +96,16 @@ def test_ucbadmit_group_parameters_are_near_nuts(fit):
         np.testing.assert_array_less(error, 0.6, err_msg=site)
         np.testing.assert_array_less(0.35, ratio, err_msg=site)
         np.testing.assert_array_less(ratio, 1.0, err_msg=site)
+
+
+def test_ucbadmit_default_choice_is_one_gaussian_and_meets_the_bar(default_fit):
+    choice, result, moments = default_fit
+    assert choice.name == "NonConjugateVI" and choice.engine.config.blocks == "all", choice.reasons
+    assert result.converged and result.converged.monte_carlo
+    error, ratio = _in_nuts_sd("logits", moments)
+    np.testing.assert_array_less(error, 0.35)
+    np.testing.assert_array_less(np.abs(ratio - 1.0), 0.35)
+    for site in ("v_mu", "sigma", "rho", "v"):
+        error, ratio = _in_nuts_sd(site, moments)
+        np.testing.assert_array_less(error, 0.6, err_msg=site)
+        np.testing.assert_array_less(0.3, ratio, err_msg=site)
