@@ -394,3 +394,13 @@ def test_em_with_the_initial_state_inside_the_scan_reaches_the_mle(rng_key):
     np.testing.assert_allclose(fit.params["level_var"], level_var, rtol=0.01)
     # At convergence the EM bound is the log likelihood at the estimates.
     np.testing.assert_allclose(fit.elbo[-1], in_scan_loglik(fit.params["obs_var"], fit.params["level_var"]), rtol=1e-8)
+
+
+def test_a_long_loop_chain_warns_about_its_cost():
+    from blrppl.graph.trace import LONG_LOOP, LongLoopWarning, build_graph
+    from models import hmm_markov
+
+    args, kwargs = hmm_markov.data(num_sequences=2, num_steps=LONG_LOOP + 1)
+    with pytest.warns(LongLoopWarning, match="numpyro.contrib.control_flow.scan"):
+        graph = build_graph(hmm_markov.model, args, kwargs)
+    assert graph.variables["z_0"].chain is not None
