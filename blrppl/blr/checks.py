@@ -138,7 +138,8 @@ def improper_posterior_error(qs: Mapping[str, Any], natural: Mapping[str, Any], 
     # No real model has an ELBO beyond 1e30: with a collapsed q it is the same divergence,
     # stopped short of +inf by the ELBO guard (which rejects steps that overflow).
     bound = 1e30 if collapsed else 1e100
-    grows = bool(elbo.size) and bool(np.isposinf(elbo[-1]) | (elbo[-1] > bound))
+    last = float(elbo[-1]) if elbo.size else 0.0  # a Python float: 1e100 overflows a float32 comparison
+    grows = bool(elbo.size) and (last > bound)
     if grows or (collapsed and not bool(np.all(np.isfinite(elbo)))):
         site = collapsed[0] if collapsed else next(iter(qs))
         return ModelError(
