@@ -2,12 +2,14 @@
 
 Run from the repository root::
 
-    python benchmarks/first_call_profile.py [--models gp,nile,...] [--names]
+    python benchmarks/first_call_profile.py [--models gp,nile,...|all] [--names]
 
 Each model runs in a fresh Python process (JAX's in-process caches empty, no
 persistent compilation cache), so each row is a true first call:
 ``engine.run`` in a new engine, tracing, planning, compilation and the fit,
-after JAX's own start-up. It prints the wall seconds (with the machine's load:
+after JAX's own start-up. Models without an engine in :data:`ENGINES` get the
+one ``python -m blrppl fit`` picks (``blrppl.choose``, its time included; a
+``*`` marks ``blocks="all"``). It prints the wall seconds (with the machine's load:
 on a shared machine read the CPU seconds, ``time.process_time``, all threads),
 the number of XLA compiles and the seconds they took (JAX's
 ``/jax/core/compile/backend_compile_duration`` events), and with ``--names``
@@ -78,18 +80,27 @@ def _one(name: str) -> dict:
     else:
         args, kwargs = ZOO[name].data()
         steps, tol = 200, 1e-8
-    engine = getattr(blrppl, ENGINES[name])(ZOO[name].model)
     wall, cpu = time.perf_counter(), time.process_time()
-    result = engine.run(jax.random.key(0), steps, *args, progress_bar=False, tol=tol, **kwargs)
+    if name in ENGINES:
+        engine_name = ENGINES[name]
+        engine = getattr(blrppl, engine_name)(ZOO[name].model)
+        result = engine.run(jax.random.key(0), steps, *args, progress_bar=False, tol=tol, **kwargs)
+    else:  # the engine python -m blrppl fit picks (its choice timed too), with its default options
+        choice = blrppl.choose(ZOO[name].model, *args, **kwargs)
+        engine_name = choice.name + ("*" if getattr(choice.engine.config, "blocks", None) == "all" else "")
+        if choice.plan is not None:
+            result = choice.engine.fit(choice.plan, jax.random.key(0), steps, progress_bar=False, tol=tol)
+        else:
+            result = choice.engine.run(jax.random.key(0), steps, *args, progress_bar=False, tol=tol, **kwargs)
     jax.block_until_ready(jax.tree.leaves(result.state))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return {"model": name, "engine": ENGINES[name], "wall": wall, "cpu": cpu, "compiles": len(compiles),
+    return {"model": name, "engine": engine_name, "wall": wall, "cpu": cpu, "compiles": len(compiles),
             "compile_s": sum(compiles), "steps": len(result.elbo), "names": names.most_common()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated zoo models, or 'all'")
     parser.add_argument("--names", action="store_true", help="list the compiled programs")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     options = parser.parse_args()
@@ -99,6 +110,11 @@ def main() -> None:
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     print(f"{'model':28s} {'engine':15s} {'steps':>5s} {'wall s':>7s} {'CPU s':>7s} {'compiles':>8s} {'compile s':>9s}")
     env = {k: v for k, v in os.environ.items() if k != "BLRPPL_COMPILATION_CACHE"}
+    if options.models == "all":
+        sys.path.insert(0, ROOT)
+        from models import ZOO
+
+        options.models = ",".join(ZOO)
     for name in options.models.split(","):
         out = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True, text=True, env=env,
                              cwd=ROOT)
