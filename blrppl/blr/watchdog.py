@@ -15,6 +15,12 @@ a safety net: a deadlocked computation can never be cancelled, so
 naming the cause and the workaround, and lets the process exit (its shutdown
 would otherwise wait for the computation forever).
 
+The wait polls with sleeps that grow with the time waited (from
+``MIN_POLL_SECONDS`` by ``POLL_FRACTION`` of it, up to ``POLL_SECONDS``), so a
+result is noticed at most a few per cent of its own run time late: a fixed
+50 ms poll made every fit of a few milliseconds (one Kalman smoother) wait
+50 ms.
+
 ``BLRPPL_STALL_SECONDS=0`` turns the check off (a model whose code waits on
 the host, e.g. a ``jax.pure_callback`` that sleeps, looks idle to it).
 """
@@ -35,6 +41,11 @@ DEFAULT_STALL_SECONDS = 60.0
 IDLE_FRACTION = 0.01
 """Below this fraction of one core over a window, the process counts as idle."""
 POLL_SECONDS = 0.05
+"""The longest sleep between two looks at the computation."""
+MIN_POLL_SECONDS = 2e-5
+"""The first sleep (Linux wakes a thread about 50 us late anyway)."""
+POLL_FRACTION = 0.02
+"""Each sleep is at most this fraction of the time waited so far."""
 
 
 def stall_seconds() -> float:
@@ -54,12 +65,14 @@ def block_until_ready(tree: Any, what: str = "the fit") -> Any:
     """
     patience = stall_seconds()
     leaves = [x for x in jax.tree.leaves(tree) if hasattr(x, "is_ready")]
-    if patience <= 0 or all(x.is_ready() for x in leaves):
+    waiting = _pending(leaves, 0)
+    if patience <= 0 or waiting == len(leaves):
         return jax.block_until_ready(tree)
     since, cpu_since = time.monotonic(), time.process_time()
-    last = since
-    while not all(x.is_ready() for x in leaves):
-        time.sleep(POLL_SECONDS)
+    began = last = since
+    while waiting < len(leaves):
+        time.sleep(min(POLL_SECONDS, max(MIN_POLL_SECONDS, POLL_FRACTION * (last - began))))
+        waiting = _pending(leaves, waiting)
         now, cpu = time.monotonic(), time.process_time()
         if now - last > 5.0:  # this thread was not scheduled (process stopped, machine suspended)
             since, cpu_since = now, cpu
@@ -81,6 +94,14 @@ def block_until_ready(tree: Any, what: str = "the fit") -> Any:
                 "whose code waits on the host looks idle to it)."
             )
     return tree
+
+
+def _pending(leaves: list, first: int) -> int:
+    """The index of the first leaf from ``first`` on that is not ready (``len(leaves)``: all are);
+    one look per wake while the computation runs, whatever the number of leaves."""
+    while first < len(leaves) and leaves[first].is_ready():
+        first += 1
+    return first
 
 
 def _exit_now() -> None:
