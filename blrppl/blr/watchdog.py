@@ -15,11 +15,12 @@ a safety net: a deadlocked computation can never be cancelled, so
 naming the cause and the workaround, and lets the process exit (its shutdown
 would otherwise wait for the computation forever).
 
-The wait polls with sleeps that grow with the time waited (from
-``MIN_POLL_SECONDS`` by ``POLL_FRACTION`` of it, up to ``POLL_SECONDS``), so a
-result is noticed at most a few per cent of its own run time late: a fixed
-50 ms poll made every fit of a few milliseconds (one Kalman smoother) wait
-50 ms.
+The waiting itself is done by a daemon thread (one per process) that calls
+``jax.block_until_ready`` and signals when it returns, so a result is taken
+as soon as it is ready; the caller wakes every ``POLL_SECONDS`` meanwhile to
+watch the CPU. (A fixed 50 ms sleep between looks made every fit of a few
+milliseconds, one Kalman smoother, wait 50 ms; even short sleeps cost a
+millisecond-scale fit about 5%.)
 
 ``BLRPPL_STALL_SECONDS=0`` turns the check off (a model whose code waits on
 the host, e.g. a ``jax.pure_callback`` that sleeps, looks idle to it).
@@ -29,9 +30,11 @@ from __future__ import annotations
 
 import atexit
 import os
+import queue
 import sys
+import threading
 import time
-from typing import Any
+from typing import Any, Optional
 
 import jax
 
@@ -41,11 +44,7 @@ DEFAULT_STALL_SECONDS = 60.0
 IDLE_FRACTION = 0.01
 """Below this fraction of one core over a window, the process counts as idle."""
 POLL_SECONDS = 0.05
-"""The longest sleep between two looks at the computation."""
-MIN_POLL_SECONDS = 2e-5
-"""The first sleep (Linux wakes a thread about 50 us late anyway)."""
-POLL_FRACTION = 0.02
-"""Each sleep is at most this fraction of the time waited so far."""
+"""How often the caller looks at the CPU while the computation runs."""
 
 
 def stall_seconds() -> float:
@@ -68,11 +67,19 @@ def block_until_ready(tree: Any, what: str = "the fit") -> Any:
     waiting = _pending(leaves, 0)
     if patience <= 0 or waiting == len(leaves):
         return jax.block_until_ready(tree)
+    done = _wait_in_background(leaves)
     since, cpu_since = time.monotonic(), time.process_time()
-    began = last = since
-    while waiting < len(leaves):
-        time.sleep(min(POLL_SECONDS, max(MIN_POLL_SECONDS, POLL_FRACTION * (last - began))))
-        waiting = _pending(leaves, waiting)
+    last = since
+    while True:
+        if done.wait(POLL_SECONDS):
+            waiting = _pending(leaves, waiting)
+            if waiting == len(leaves):
+                break
+            time.sleep(POLL_SECONDS)  # a leaf that jax cannot wait on (not a jax array): look again later
+        else:
+            waiting = _pending(leaves, waiting)
+            if waiting == len(leaves):
+                break
         now, cpu = time.monotonic(), time.process_time()
         if now - last > 5.0:  # this thread was not scheduled (process stopped, machine suspended)
             since, cpu_since = now, cpu
@@ -94,6 +101,35 @@ def block_until_ready(tree: Any, what: str = "the fit") -> Any:
                 "whose code waits on the host looks idle to it)."
             )
     return tree
+
+
+_requests: Optional[queue.SimpleQueue] = None
+_requests_lock = threading.Lock()
+
+
+def _wait_in_background(leaves: list) -> threading.Event:
+    """An event set once ``jax.block_until_ready(leaves)`` returned in the waiting thread."""
+    global _requests
+    with _requests_lock:
+        if _requests is None:
+            _requests = queue.SimpleQueue()
+            threading.Thread(target=_serve, args=(_requests,), name="blrppl-watchdog", daemon=True).start()
+    done = threading.Event()
+    _requests.put((leaves, done))
+    return done
+
+
+def _serve(requests: queue.SimpleQueue) -> None:
+    """The waiting thread: one request after another (a deadlocked one blocks it for good,
+    and later waits fall back to looking at the leaves every ``POLL_SECONDS``)."""
+    while True:
+        leaves, done = requests.get()
+        try:
+            jax.block_until_ready(leaves)
+        except Exception:  # noqa: BLE001 - the caller meets the error where it reads the result
+            pass
+        done.set()
+        del leaves, done  # hold no results between requests
 
 
 def _pending(leaves: list, first: int) -> int:
