@@ -30,7 +30,7 @@ from blrppl.blr.restarts import random_params, random_start
 from blrppl.blr.schedules import as_schedule
 from blrppl.blr.starts import initial_natural
 from blrppl.blr.state import BLRInfo, BLRState, InferenceAlgorithm
-from blrppl.blr.update import local_update, safe_global_update, tree_sum
+from blrppl.blr.update import checked_global_update, local_update, tree_sum
 from blrppl.families import kl_divergence
 
 AVERAGE_POWER = 3.0
@@ -118,37 +118,40 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
                     out[v][est.factor] = grads[v]
         return out
 
-    def apply(v, natural, sites, site_messages, r, batch):
-        """Update one variable from its factors' site parameters."""
+    def apply(v, natural, sites, known, site_messages, r, batch):
+        """Update one variable from its factors' site parameters (``known``: its new moments, if checked)."""
         if v in local:  # ρ = 1 on the minibatch rows: the exact local step (Sec. 5.3)
             axis = sub.local_axes[v]
             target = tree_sum(list(site_messages.values()))
             natural[v] = put_rows(natural[v], batch, take_rows(target, batch, axis), axis)
         elif mode == "global":
-            natural[v], _ = safe_global_update(qs[v].family, natural[v], list(site_messages.values()), r)  # Eq. 58
+            # Eq. 58; the new λ's validity and its moments (the ELBO's) from one pass.
+            natural[v], _, known[v] = checked_global_update(qs[v].family, natural[v], list(site_messages.values()), r)
         else:
             current = {f: sites[f][v] for f in site_messages}
             natural[v], new = local_update(current, site_messages, r)  # Eq. 60
             for f, site in new.items():
                 sites[f][v] = site
-        return natural, sites
+        return natural, sites, known
 
-    def update(rng_key, natural, sites, params, arrays, variables, r, batch):
-        natural, sites = dict(natural), {f: dict(s) for f, s in sites.items()}
+    def update(rng_key, natural, sites, known, params, arrays, variables, r, batch):
+        """One update of ``variables``; ``known`` gathers ``(μ, A)`` of the variables whose
+        new λ came with them (each variable is updated once per step, so they stay its own)."""
+        natural, sites, known = dict(natural), {f: dict(s) for f, s in sites.items()}, dict(known)
         if incremental is not None:
             for i, v in enumerate(variables):
                 key = jax.random.fold_in(rng_key, i)
                 if v in local:
                     msgs = messages(key, natural, params, arrays, (v,), batch)
-                    natural, sites = apply(v, natural, sites, msgs[v], r, batch)
+                    natural, sites, known = apply(v, natural, sites, known, msgs[v], r, batch)
                 else:  # Eq. 60, one site per observation: swap the batch's sites
                     mean = mean_params(qs, natural)
                     natural[v], sites = incremental.refresh(key, mean, params, arrays, v, batch, sites, r)
-            return natural, sites
+            return natural, sites, known
         msgs = messages(rng_key, natural, params, arrays, variables, batch)
         for v in variables:
-            natural, sites = apply(v, natural, sites, msgs[v], r, batch)
-        return natural, sites
+            natural, sites, known = apply(v, natural, sites, known, msgs[v], r, batch)
+        return natural, sites, known
 
     def start(rng_key: jax.Array, arrays: Any, random: bool = random_starts) -> tuple[dict, dict]:
         """The first half of ``init``: q's start and the point estimates (``random``: a restart's)."""
@@ -201,16 +204,18 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         update_key, m_key, elbo_key = jax.random.split(jax.random.fold_in(state.rng_key, state.step), 3)
         batch = batch_of(state, t)
         natural, sites, params = state.natural, state.site_params, state.params
+        known: dict = {}
         if schedule == "parallel":
-            natural, sites = update(update_key, natural, sites, params, arrays, ordered, r, batch)
+            natural, sites, known = update(update_key, natural, sites, known, params, arrays, ordered, r, batch)
         else:
             for i, v in enumerate(ordered):
-                natural, sites = update(jax.random.fold_in(update_key, i), natural, sites, params, arrays, (v,), r, batch)
-        known = None
+                key = jax.random.fold_in(update_key, i)
+                natural, sites, known = update(key, natural, sites, known, params, arrays, (v,), r, batch)
+        # The M-step and the ELBO read the same q: its moments (a chain's
+        # forward-backward) are computed once for both, most by the update itself.
+        missing = moments(qs, {v: lam for v, lam in natural.items() if v not in known})
+        known = {v: known[v] if v in known else missing[v] for v in natural}
         if m_step is not None:
-            # The M-step and the ELBO read the same q: its moments (a chain's
-            # forward-backward) are computed once for both.
-            known = moments(qs, natural)
             params = m_step(m_key, natural, params, arrays, {v: m for v, (m, _) in known.items()})
         running = polynomial_average(state.average, natural, t) if average else state.average
         new_state = state._replace(natural=natural, site_params=sites, params=params, step=t, average=running)

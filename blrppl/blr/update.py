@@ -7,6 +7,8 @@ from typing import Any, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
+from blrppl.families import checked_moments
+
 
 def tree_sum(trees: Sequence[Any]) -> Any:
     return jax.tree.map(lambda *xs: sum(xs[1:], xs[0]), *trees)
@@ -64,9 +66,12 @@ def local_update(
 MAX_HALVINGS = 10
 
 
+def _finite(natural) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(natural)]))
+
+
 def _is_valid(family, natural) -> jax.Array:
-    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(natural)]))
-    return finite & jnp.all(family.is_valid(natural))
+    return _finite(natural) & jnp.all(family.is_valid(natural))
 
 
 def safe_global_update(family, natural: Any, messages: Sequence[Any], rho: Any) -> tuple[Any, jax.Array]:
@@ -81,6 +86,33 @@ def safe_global_update(family, natural: Any, messages: Sequence[Any], rho: Any) 
     Returns:
       ``(natural, rejected)``: the new λ and whether the step was rejected.
     """
+    natural, rejected, _ = _guarded_update(family, natural, messages, rho, lambda c: ((), _is_valid(family, c)))
+    return natural, rejected
+
+
+def checked_global_update(family, natural: Any, messages: Sequence[Any], rho: Any) -> tuple[Any, jax.Array, tuple]:
+    """:func:`safe_global_update` that also returns ``(μ, A(λ))`` of the new λ.
+
+    The validity of each candidate is read off its moments
+    (:func:`~blrppl.families.checked_moments`): for a chain, the pivots of
+    the forward pass that also gives A(λ), and the backward pass μ; the
+    step's ELBO then reads the same moments. One smoother per step, not a
+    forward pass to check λ and a smoother again for the ELBO.
+
+    Returns:
+      ``(natural, rejected, (μ, A(λ)))``.
+    """
+
+    def check(candidate):
+        mean, log_norm, valid = checked_moments(family, candidate)
+        return (mean, log_norm), _finite(candidate) & jnp.all(valid)
+
+    return _guarded_update(family, natural, messages, rho, check)
+
+
+def _guarded_update(family, natural, messages, rho, check):
+    """The step of :func:`safe_global_update`; ``check(λ) -> (extra, valid)``, whose
+    ``extra`` (of the λ returned) comes back as the third result."""
     target = tree_sum(messages)
 
     def step(r):
@@ -89,21 +121,20 @@ def safe_global_update(family, natural: Any, messages: Sequence[Any], rho: Any) 
         return jax.tree.map(lambda lam, t: (1.0 - r) * lam + r * t, natural, target)  # Eq. 58
 
     def cond(carry):
-        k, _, valid = carry
-        return (~valid) & (k < MAX_HALVINGS)
+        k, _, _, valid = carry
+        return (~valid) & (k <= MAX_HALVINGS)
 
     def body(carry):
-        k, _, _ = carry
-        candidate = step(rho * 0.5**k)
-        return k + 1, candidate, _is_valid(family, candidate)
+        # ρ/2, ρ/4, ... ; the last try keeps λ (accepted as it is: the step is rejected).
+        k = carry[0]
+        keep = k == MAX_HALVINGS
+        candidate = jax.tree.map(lambda old, new: jnp.where(keep, old, new), natural, step(rho * 0.5**k))
+        extra, valid = check(candidate)
+        return k + 1, candidate, extra, valid | keep
 
-    def halve(operands):
-        k, candidate, valid = jax.lax.while_loop(cond, body, (jnp.ones((), jnp.int32), *operands))
-        return jax.tree.map(lambda c, old: jnp.where(valid, c, old), candidate, natural), ~valid
-
-    # A valid first step (the rule) is taken as it is, without a select over λ.
-    # (Under vmap the cond runs both branches; the loop then starts from each
-    # member's own verdict, so valid members take no halving.)
+    # The loop starts from the first step and its verdict: a valid step (the rule)
+    # takes no iteration and is returned in place, with no select or copy of λ.
     first = step(rho)
-    valid = _is_valid(family, first)
-    return jax.lax.cond(valid, lambda o: (o[0], ~o[1]), halve, (first, valid))
+    extra, valid = check(first)
+    k, candidate, extra, _ = jax.lax.while_loop(cond, body, (jnp.ones((), jnp.int32), first, extra, valid))
+    return candidate, k > MAX_HALVINGS, extra
