@@ -124,11 +124,18 @@ def _guarded_update(family, natural, messages, rho, check):
         k, _, _, valid = carry
         return (~valid) & (k <= MAX_HALVINGS)
 
+    def halved(k, previous):
+        if family.safe_step is not None:
+            return step(rho * 0.5**k)
+        # The plain step with ρ/2^k is the midpoint of λ and the step with ρ/2^(k-1):
+        # the target need not be kept alive through the loop (nor copied into it).
+        return jax.tree.map(lambda lam, p: 0.5 * (lam + p), natural, previous)
+
     def body(carry):
         # ρ/2, ρ/4, ... ; the last try keeps λ (accepted as it is: the step is rejected).
-        k = carry[0]
+        k, previous = carry[0], carry[1]
         keep = k == MAX_HALVINGS
-        candidate = jax.tree.map(lambda old, new: jnp.where(keep, old, new), natural, step(rho * 0.5**k))
+        candidate = jax.tree.map(lambda old, new: jnp.where(keep, old, new), natural, halved(k, previous))
         extra, valid = check(candidate)
         return k + 1, candidate, extra, valid | keep
 
