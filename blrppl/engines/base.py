@@ -159,12 +159,15 @@ class Engine:
         if num_restarts > 1:
             return self._run_restarts(plan, rng_key, num_steps, int(num_restarts), init_state, tol, progress_bar)
         algorithm = self.build(plan)
-        if init_state is None:
-            init_state, valid = driver.checked_init(algorithm, rng_key, plan.arrays, start_tests(plan.qs))
+        if init_state is None:  # the start, its tests and the run without a wait between them
+            state, elbo, stopped, valid = driver.checked_run(
+                algorithm, rng_key, num_steps, plan.arrays, start_tests(plan.qs), tol=tol, progress_bar=progress_bar
+            )
             raise_invalid_start(plan.qs, valid)
-        state, elbo, stopped = driver.run(
-            algorithm, rng_key, num_steps, plan.arrays, init_state=init_state, tol=tol, progress_bar=progress_bar
-        )
+        else:
+            state, elbo, stopped = driver.run(
+                algorithm, rng_key, num_steps, plan.arrays, init_state=init_state, tol=tol, progress_bar=progress_bar
+            )
         check_finite(plan, state, elbo)
         convergence = Convergence.of(stopped, tol, len(elbo), algorithm.noisy)
         flags = self._flags(plan, state, elbo, bool(stopped))
