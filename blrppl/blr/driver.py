@@ -87,7 +87,9 @@ def run(
     once ``|ELBO_t - ELBO_{t-1}| <= tol * |ELBO_t|`` held for two steps in a
     row; with Monte Carlo site parameters (``algorithm.noisy``), once the
     averaged q moved by at most ``tol`` (the largest KL divergence of a block
-    over a window of steps) in two windows in a row, never on one noisy step.
+    over a window of steps) in two windows in a row, never on one noisy step;
+    for an exact algorithm (``algorithm.exact``: conjugate Bayes), after the
+    first step taken, which is the fixed point.
 
     Args:
       algorithm: the ``InferenceAlgorithm`` to run.
@@ -209,6 +211,9 @@ CONFIRMATIONS = 2
 
 def _hits(algorithm, info, elbo, previous, hits, threshold):
     """The count of consecutive convergence checks passed (see :func:`run`)."""
+    if algorithm.exact:  # a step taken is its own fixed point: nothing to confirm
+        passed = (threshold >= 0) & (info.change == 0) & jnp.isfinite(elbo)
+        return jnp.where(passed, CONFIRMATIONS, 0).astype(hits.dtype)
     if algorithm.noisy:
         checked = jnp.isfinite(info.change)
         passed = info.change <= threshold
