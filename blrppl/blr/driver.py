@@ -25,7 +25,7 @@ from blrppl.blr.watchdog import block_until_ready
 
 def init(algorithm: InferenceAlgorithm, rng_key: jax.Array, arrays: Any) -> BLRState:
     """``algorithm.init``, compiled once per algorithm."""
-    return _init(algorithm, (), rng_key, arrays, np.zeros((), np.int32))[0]
+    return _init(algorithm, (), False, rng_key, arrays, np.zeros((), np.int32))[0]
 
 
 def checked_init(
@@ -36,16 +36,27 @@ def checked_init(
     ``tests`` is a tuple of ``(name, is_valid)`` pairs (static); the second
     result holds ``all(is_valid(state.natural[name]))`` per pair, on the host.
     """
-    state, valid, _ = _init(algorithm, tests, rng_key, arrays, np.zeros((), np.int32))
+    state, valid, _ = _init(algorithm, tests, False, rng_key, arrays, np.zeros((), np.int32))
     return state, np.asarray(block_until_ready(valid))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _init(algorithm, tests, rng_key, arrays, stop):
-    """The start, its tests, and ``stop`` where every test passed (else 0: no step)."""
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _init(algorithm, tests, lean, rng_key, arrays, stop):
+    """The start, its tests, and ``stop`` where every test passed (else 0: no step);
+    ``lean``: the state without λ (:func:`_lean`), which then is not made unless tested."""
     state = algorithm.init(rng_key, arrays)
     valid = _valid(tests, state.natural)
+    if lean:
+        state = _lean(algorithm, state)
     return state, valid, jnp.where(jnp.all(valid), stop, jnp.zeros_like(stop))
+
+
+def _lean(algorithm: InferenceAlgorithm, state: BLRState) -> BLRState:
+    """An exact algorithm's state without λ, which its step does not read: the loop then
+    starts from the prior made inside its own program (:func:`_chunk`), written straight
+    into the λ it returns, instead of a start made, returned and copied in by another call.
+    (For other algorithms, the state.)"""
+    return state._replace(natural=None) if algorithm.exact else state
 
 
 def _valid(tests: tuple, natural: Any) -> jax.Array:
@@ -137,13 +148,13 @@ def checked_run(
       ``state`` is the start and ``elbo`` is empty).
     """
     num_steps = _check_steps(num_steps)
+    state, valid, stop = _init(algorithm, tests, algorithm.exact, rng_key, arrays, np.asarray(num_steps, np.int32))
     if progress_bar:
-        state, valid = checked_init(algorithm, rng_key, arrays, tests)
+        valid = np.asarray(block_until_ready(valid))
         if not bool(np.all(valid)):
-            return state, _head(np.zeros(0, jnp.result_type(float)), 0), False, valid
+            return init(algorithm, rng_key, arrays), _head(np.zeros(0, jnp.result_type(float)), 0), False, valid
         state, elbo, converged = _loop(algorithm, num_steps, arrays, state, tol, progress_bar, num_updates)
         return state, elbo, converged, valid
-    state, valid, stop = _init(algorithm, tests, rng_key, arrays, np.asarray(num_steps, np.int32))
     state, elbo, converged = _loop(algorithm, num_steps, arrays, state, tol, False, num_updates, stop)
     return state, elbo, converged, np.asarray(valid)
 
@@ -167,7 +178,7 @@ def _loop(algorithm, num_steps, arrays, state, tol, progress_bar, num_updates, s
     if not progress_bar:
         stop = np.asarray(num_steps, np.int32) if stop is None else stop
         end, state, buffer, previous, hits = block_until_ready(_run_chunk(
-            algorithm, arrays, state, buffer, np.asarray(0, np.int32), stop, previous, hits, threshold
+            algorithm, arrays, _lean(algorithm, state), buffer, np.asarray(0, np.int32), stop, previous, hits, threshold
         ))
         end, hits, buffer = jax.device_get((end, hits, buffer))  # one transfer
         return state, _head(buffer, int(end)), int(hits) >= CONFIRMATIONS
@@ -180,7 +191,7 @@ def _loop(algorithm, num_steps, arrays, state, tol, progress_bar, num_updates, s
             new_end, state, buffer, previous, hits = _run_chunk(
                 algorithm,
                 arrays,
-                state,
+                _lean(algorithm, state),
                 buffer,
                 np.asarray(end, np.int32),
                 np.asarray(stop, np.int32),
@@ -225,6 +236,8 @@ def _hits(algorithm, info, elbo, previous, hits, threshold):
 
 def _chunk(algorithm, arrays, state, buffer, start, stop, previous, hits, threshold):
     """Steps ``start`` to ``stop`` (or until converged) in one ``while_loop``."""
+    if state.natural is None:  # an exact algorithm's lean state (:func:`_lean`)
+        state = state._replace(natural=algorithm.init(state.rng_key, arrays).natural)
 
     def cond(carry):
         i, _, _, _, hits = carry
