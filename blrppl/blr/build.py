@@ -30,7 +30,7 @@ from blrppl.blr.restarts import random_params, random_start
 from blrppl.blr.schedules import as_schedule
 from blrppl.blr.starts import initial_natural
 from blrppl.blr.state import BLRInfo, BLRState, InferenceAlgorithm
-from blrppl.blr.update import checked_global_update, local_update, tree_sum
+from blrppl.blr.update import checked_global_update, local_update, safe_global_update, tree_sum
 from blrppl.families import kl_divergence
 
 AVERAGE_POWER = 3.0
@@ -126,12 +126,15 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             axis = sub.local_axes[v]
             target = tree_sum(list(site_messages.values()))
             natural[v] = put_rows(natural[v], batch, take_rows(target, batch, axis), axis)
-        elif mode == "global":
-            # Eq. 58; the new λ's validity and its moments (the ELBO's) from one pass.
+        elif mode == "global" and qs[v].family.checked_moments is not None:
+            # Eq. 58; the new λ's validity and its moments (the ELBO's) from one pass (chains).
             natural[v], rejected, moments_v = checked_global_update(
                 qs[v].family, natural[v], list(site_messages.values()), r
             )
             known[v] = (*moments_v, rejected)
+        elif mode == "global":
+            natural[v], rejected = safe_global_update(qs[v].family, natural[v], list(site_messages.values()), r)  # Eq. 58
+            known[v] = (None, None, rejected)
         else:
             current = {f: sites[f][v] for f in site_messages}
             natural[v], new = local_update(current, site_messages, r)  # Eq. 60
@@ -219,8 +222,12 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         # The M-step and the ELBO read the same q: its moments (a chain's
         # forward-backward) are computed once for both, most by the update itself.
         rejected = [known[v][2] for v in known]
-        missing = moments(qs, {v: lam for v, lam in natural.items() if v not in known})
-        known = {v: known[v][:2] if v in known else missing[v] for v in natural}
+        known = {v: k[:2] for v, k in known.items() if k[0] is not None}
+        if known or m_step is not None:
+            missing = moments(qs, {v: lam for v, lam in natural.items() if v not in known})
+            known = {v: known[v] if v in known else missing[v] for v in natural}
+        else:
+            known = None  # the ELBO computes them (no chain among the variables)
         if m_step is not None:
             params = m_step(m_key, natural, params, arrays, {v: m for v, (m, _) in known.items()})
         running = polynomial_average(state.average, natural, t) if average else state.average

@@ -86,34 +86,55 @@ def safe_global_update(family, natural: Any, messages: Sequence[Any], rho: Any) 
     Returns:
       ``(natural, rejected)``: the new λ and whether the step was rejected.
     """
-    natural, rejected, _ = _guarded_update(family, natural, messages, rho, lambda c: ((), _is_valid(family, c)))
-    return natural, rejected
+    target = tree_sum(messages)
+
+    def step(r):
+        if family.safe_step is not None:
+            return family.safe_step(natural, target, r)
+        return jax.tree.map(lambda lam, t: (1.0 - r) * lam + r * t, natural, target)  # Eq. 58
+
+    def cond(carry):
+        k, _, valid = carry
+        return (~valid) & (k < MAX_HALVINGS)
+
+    def body(carry):
+        k, _, _ = carry
+        candidate = step(rho * 0.5**k)
+        return k + 1, candidate, _is_valid(family, candidate)
+
+    def halve(operands):
+        k, candidate, valid = jax.lax.while_loop(cond, body, (jnp.ones((), jnp.int32), *operands))
+        return jax.tree.map(lambda c, old: jnp.where(valid, c, old), candidate, natural), ~valid
+
+    # A valid first step (the rule) is taken as it is, without a select over λ.
+    # (Under vmap the cond runs both branches; the loop then starts from each
+    # member's own verdict, so valid members take no halving.)
+    first = step(rho)
+    valid = _is_valid(family, first)
+    return jax.lax.cond(valid, lambda o: (o[0], ~o[1]), halve, (first, valid))
 
 
 def checked_global_update(family, natural: Any, messages: Sequence[Any], rho: Any) -> tuple[Any, jax.Array, tuple]:
     """:func:`safe_global_update` that also returns ``(μ, A(λ))`` of the new λ.
 
-    The validity of each candidate is read off its moments
-    (:func:`~blrppl.families.checked_moments`): for a chain, the pivots of
-    the forward pass that also gives A(λ), and the backward pass μ; the
-    step's ELBO then reads the same moments. One smoother per step, not a
-    forward pass to check λ and a smoother again for the ELBO.
+    For families that read their validity off their moments
+    (``family.checked_moments``: a chain's pivots come out of the forward
+    pass that also gives A(λ), the backward pass gives μ): each candidate is
+    checked by its moments, and the step's ELBO then reads the same ones. One
+    smoother per step, not a forward pass to check λ and a smoother again for
+    the ELBO. The halving is a while loop that a valid step leaves at once
+    (no select or copy of λ and μ), and a halved plain step is the midpoint
+    of λ and the previous try, so the site parameters' sum need not be kept
+    alive through it.
 
     Returns:
       ``(natural, rejected, (μ, A(λ)))``.
     """
+    target = tree_sum(messages)
 
     def check(candidate):
         mean, log_norm, valid = checked_moments(family, candidate)
         return (mean, log_norm), _finite(candidate) & jnp.all(valid)
-
-    return _guarded_update(family, natural, messages, rho, check)
-
-
-def _guarded_update(family, natural, messages, rho, check):
-    """The step of :func:`safe_global_update`; ``check(λ) -> (extra, valid)``, whose
-    ``extra`` (of the λ returned) comes back as the third result."""
-    target = tree_sum(messages)
 
     def step(r):
         if family.safe_step is not None:
