@@ -19,6 +19,23 @@ def best_time(fn: Callable[[], Any], repeats: int = 7) -> float:
     return best
 
 
+def interleaved_times(fns: dict[str, Callable[[], Any]], rounds: int = 30) -> dict[str, tuple[float, float]]:
+    """``name -> (best, median)`` wall-clock seconds of each ``fn()`` (blocked until ready).
+
+    One call of every function per round, after one warm-up each, so that a
+    shared machine's changing load falls on all of them alike.
+    """
+    for fn in fns.values():
+        jax.block_until_ready(fn())
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn())
+            times[name].append(time.perf_counter() - start)
+    return {name: (min(t), sorted(t)[len(t) // 2]) for name, t in times.items()}
+
+
 def table(rows: list[tuple], header: tuple) -> str:
     """A plain-text table."""
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]

@@ -55,11 +55,16 @@ class Convergence(NamedTuple):
         return bool(self.stopped)
 
     @classmethod
-    def of(cls, stopped: bool, tol: Optional[float], num_steps: int, noisy: bool) -> "Convergence":
+    def of(cls, stopped: bool, tol: Optional[float], num_steps: int, noisy: bool, exact: bool = False) -> "Convergence":
         """The record of a run (see :func:`blrppl.blr.driver.run` for the criteria)."""
         if tol is None:
             return cls(False, "no tol given: the run took every step asked for", num_steps, noisy)
-        if noisy:
+        if exact:
+            criterion = (
+                "one rho = 1 step with site parameters that do not depend on q is its own fixed point "
+                "(conjugate Bayes, Khan & Rue Sec. 5.1), and the step was taken"
+            )
+        elif noisy:
             criterion = f"the averaged q moved by at most KL {tol:g} per block over two windows of steps"
         else:
             criterion = f"the ELBO changed by at most {tol:g} relative, two steps in a row"

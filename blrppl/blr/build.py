@@ -30,7 +30,7 @@ from blrppl.blr.restarts import random_params, random_start
 from blrppl.blr.schedules import as_schedule
 from blrppl.blr.starts import initial_natural
 from blrppl.blr.state import BLRInfo, BLRState, InferenceAlgorithm
-from blrppl.blr.update import local_update, safe_global_update, tree_sum
+from blrppl.blr.update import checked_global_update, local_update, safe_global_update, tree_sum
 from blrppl.families import kl_divergence
 
 AVERAGE_POWER = 3.0
@@ -91,6 +91,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     # error is a ridge Newton would climb (UCBadmit), so cubature fits keep the BLR step alone.
     cubature = any(e.method.estimator == "cubature" for e in plan.estimators)
     newton = config.newton and guard and mode == "global" and not plan.init_params and not average and not cubature
+    exact = exact_after_one_step(plan, config)
 
     def batch_of(state: BLRState, t: jax.Array) -> Optional[jax.Array]:
         if sub is None:
@@ -118,37 +119,47 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
                     out[v][est.factor] = grads[v]
         return out
 
-    def apply(v, natural, sites, site_messages, r, batch):
-        """Update one variable from its factors' site parameters."""
+    def apply(v, natural, sites, known, site_messages, r, batch):
+        """Update one variable from its factors' site parameters; ``known[v]``: ``(μ, A, rejected)``
+        of its new λ where the update checked it."""
         if v in local:  # ρ = 1 on the minibatch rows: the exact local step (Sec. 5.3)
             axis = sub.local_axes[v]
             target = tree_sum(list(site_messages.values()))
             natural[v] = put_rows(natural[v], batch, take_rows(target, batch, axis), axis)
+        elif mode == "global" and qs[v].family.checked_moments is not None:
+            # Eq. 58; the new λ's validity and its moments (the ELBO's) from one pass (chains).
+            natural[v], rejected, moments_v = checked_global_update(
+                qs[v].family, natural[v], list(site_messages.values()), r
+            )
+            known[v] = (*moments_v, rejected)
         elif mode == "global":
-            natural[v], _ = safe_global_update(qs[v].family, natural[v], list(site_messages.values()), r)  # Eq. 58
+            natural[v], rejected = safe_global_update(qs[v].family, natural[v], list(site_messages.values()), r)  # Eq. 58
+            known[v] = (None, None, rejected)
         else:
             current = {f: sites[f][v] for f in site_messages}
             natural[v], new = local_update(current, site_messages, r)  # Eq. 60
             for f, site in new.items():
                 sites[f][v] = site
-        return natural, sites
+        return natural, sites, known
 
-    def update(rng_key, natural, sites, params, arrays, variables, r, batch):
-        natural, sites = dict(natural), {f: dict(s) for f, s in sites.items()}
+    def update(rng_key, natural, sites, known, params, arrays, variables, r, batch):
+        """One update of ``variables``; ``known`` gathers ``(μ, A, rejected)`` of the variables
+        whose new λ came with them (each variable is updated once per step, so they stay its own)."""
+        natural, sites, known = dict(natural), {f: dict(s) for f, s in sites.items()}, dict(known)
         if incremental is not None:
             for i, v in enumerate(variables):
                 key = jax.random.fold_in(rng_key, i)
                 if v in local:
                     msgs = messages(key, natural, params, arrays, (v,), batch)
-                    natural, sites = apply(v, natural, sites, msgs[v], r, batch)
+                    natural, sites, known = apply(v, natural, sites, known, msgs[v], r, batch)
                 else:  # Eq. 60, one site per observation: swap the batch's sites
                     mean = mean_params(qs, natural)
                     natural[v], sites = incremental.refresh(key, mean, params, arrays, v, batch, sites, r)
-            return natural, sites
+            return natural, sites, known
         msgs = messages(rng_key, natural, params, arrays, variables, batch)
         for v in variables:
-            natural, sites = apply(v, natural, sites, msgs[v], r, batch)
-        return natural, sites
+            natural, sites, known = apply(v, natural, sites, known, msgs[v], r, batch)
+        return natural, sites, known
 
     def start(rng_key: jax.Array, arrays: Any, random: bool = random_starts) -> tuple[dict, dict]:
         """The first half of ``init``: q's start and the point estimates (``random``: a restart's)."""
@@ -201,21 +212,29 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         update_key, m_key, elbo_key = jax.random.split(jax.random.fold_in(state.rng_key, state.step), 3)
         batch = batch_of(state, t)
         natural, sites, params = state.natural, state.site_params, state.params
+        known: dict = {}
         if schedule == "parallel":
-            natural, sites = update(update_key, natural, sites, params, arrays, ordered, r, batch)
+            natural, sites, known = update(update_key, natural, sites, known, params, arrays, ordered, r, batch)
         else:
             for i, v in enumerate(ordered):
-                natural, sites = update(jax.random.fold_in(update_key, i), natural, sites, params, arrays, (v,), r, batch)
-        known = None
+                key = jax.random.fold_in(update_key, i)
+                natural, sites, known = update(key, natural, sites, known, params, arrays, (v,), r, batch)
+        # The M-step and the ELBO read the same q: its moments (a chain's
+        # forward-backward) are computed once for both, most by the update itself.
+        rejected = [known[v][2] for v in known]
+        known = {v: k[:2] for v, k in known.items() if k[0] is not None}
+        if known or m_step is not None:
+            missing = moments(qs, {v: lam for v, lam in natural.items() if v not in known})
+            known = {v: known[v] if v in known else missing[v] for v in natural}
+        else:
+            known = None  # the ELBO computes them (no chain among the variables)
         if m_step is not None:
-            # The M-step and the ELBO read the same q: its moments (a chain's
-            # forward-backward) are computed once for both.
-            known = moments(qs, natural)
             params = m_step(m_key, natural, params, arrays, {v: m for v, (m, _) in known.items()})
         running = polynomial_average(state.average, natural, t) if average else state.average
         new_state = state._replace(natural=natural, site_params=sites, params=params, step=t, average=running)
         value = elbo(elbo_key, new_state, arrays, batch, known)
-        return new_state._replace(elbo=value if guard else None), value
+        taken = ~jnp.any(jnp.stack(rejected)) if rejected else jnp.ones((), bool)
+        return new_state._replace(elbo=value if guard else None), value, taken
 
     def step(state: BLRState, arrays: Any) -> tuple[BLRState, BLRInfo]:
         r = jnp.asarray(rho(state.step + 1), dtype=jnp.result_type(float))
@@ -230,7 +249,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             def retry(carry):
                 k, _, _, _ = carry
                 r_k = r * 0.5**k
-                candidate, v = attempt(state, arrays, r_k)
+                candidate, v, _ = attempt(state, arrays, r_k)
                 return k + 1, candidate, v, r_k
 
             _, new_state, value, r = jax.lax.while_loop(
@@ -239,7 +258,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
                 (jnp.zeros((), jnp.int32), state, jnp.asarray(state.elbo), r),
             )
         else:
-            new_state, value = attempt(state, arrays, r)
+            new_state, value, taken = attempt(state, arrays, r)
         if newton and newton_size(state.natural) <= MAX_NEWTON_SIZE:
             # Keep the better of the BLR step and a damped Newton step on the ELBO (blrppl.blr.newton).
             key = jax.random.fold_in(state.rng_key, state.step)
@@ -253,6 +272,8 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         change = jnp.asarray(jnp.nan, value.dtype)
         if average:
             new_state, change = window_change(qs, new_state)
+        elif exact:  # the step taken (no λ rejected by the safeguard) is the fixed point
+            change = jnp.where(taken, 0.0, jnp.inf).astype(value.dtype)
         return new_state, BLRInfo(elbo=value, rho=r, change=change)
 
     def elbo(
@@ -270,7 +291,32 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     shared = newton_start is None and not random_starts
     return InferenceAlgorithm(
         init=init, step=step, elbo=lambda k, s, a: elbo(k, s, a), noisy=average, sequential=sequential,
-        start=start if shared else None, finish=finish if shared else None,
+        start=start if shared else None, finish=finish if shared else None, exact=exact,
+    )
+
+
+def exact_after_one_step(plan: Plan, config: Config) -> bool:
+    """Whether one step from any q is the fixed point (conjugate Bayes, Khan & Rue Sec. 5.1).
+
+    So when ``config`` asks for the posterior in q's family (every factor on
+    one q block, no term reading a block twice: each E_q[log f] is affine in
+    its block's μ, so its site parameter λ̃_f does not depend on q), every
+    factor's site parameter is exact, ρ = 1 is constant, and nothing else
+    moves q (no point estimates, minibatches, averaging or integrated
+    orphan rows): then λ = Σ_f λ̃_f after the first step (Eq. 58, and Eq. 60
+    with every site refreshed), whatever the start, unless the safeguard
+    rejected it.
+    """
+    methods = [e.method for e in plan.estimators]
+    return bool(
+        config.posterior_in_family
+        and not callable(config.learning_rate)
+        and float(config.learning_rate) == 1.0
+        and all(not m.estimated and not m.enumerated for m in methods)
+        and not plan.init_params
+        and plan.subsample is None
+        and not plan.orphans
+        and not plan.start_estimators
     )
 
 

@@ -25,7 +25,7 @@ from blrppl.blr.watchdog import block_until_ready
 
 def init(algorithm: InferenceAlgorithm, rng_key: jax.Array, arrays: Any) -> BLRState:
     """``algorithm.init``, compiled once per algorithm."""
-    return _init(algorithm, (), rng_key, arrays)[0]
+    return _init(algorithm, (), False, rng_key, arrays, np.zeros((), np.int32))[0]
 
 
 def checked_init(
@@ -36,14 +36,27 @@ def checked_init(
     ``tests`` is a tuple of ``(name, is_valid)`` pairs (static); the second
     result holds ``all(is_valid(state.natural[name]))`` per pair, on the host.
     """
-    state, valid = _init(algorithm, tests, rng_key, arrays)
+    state, valid, _ = _init(algorithm, tests, False, rng_key, arrays, np.zeros((), np.int32))
     return state, np.asarray(block_until_ready(valid))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _init(algorithm, tests, rng_key, arrays):
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _init(algorithm, tests, lean, rng_key, arrays, stop):
+    """The start, its tests, and ``stop`` where every test passed (else 0: no step);
+    ``lean``: the state without λ (:func:`_lean`), which then is not made unless tested."""
     state = algorithm.init(rng_key, arrays)
-    return state, _valid(tests, state.natural)
+    valid = _valid(tests, state.natural)
+    if lean:
+        state = _lean(algorithm, state)
+    return state, valid, jnp.where(jnp.all(valid), stop, jnp.zeros_like(stop))
+
+
+def _lean(algorithm: InferenceAlgorithm, state: BLRState) -> BLRState:
+    """An exact algorithm's state without λ, which its step does not read: the loop then
+    starts from the prior made inside its own program (:func:`_chunk`), written straight
+    into the λ it returns, instead of a start made, returned and copied in by another call.
+    (For other algorithms, the state.)"""
+    return state._replace(natural=None) if algorithm.exact else state
 
 
 def _valid(tests: tuple, natural: Any) -> jax.Array:
@@ -76,16 +89,18 @@ def run(
     """Run ``algorithm`` for up to ``num_steps`` steps.
 
     The loop is a jit-compiled ``lax.while_loop`` that writes the ELBO after
-    each step into a buffer. Without a progress bar it runs in one call; with
-    one, it runs in ``num_updates`` chunks (the host is touched ~20 times,
-    never once per step) with the same compiled function, so both paths give
-    identical results.
+    each step into a buffer. Without a progress bar it runs in one call (with
+    the start, when there is no ``init_state``); with one, it runs in
+    ``num_updates`` chunks (the host is touched ~20 times, never once per
+    step) with the same compiled loop, so both paths give identical results.
 
     Convergence (``tol``): with deterministic site parameters, the run stops
     once ``|ELBO_t - ELBO_{t-1}| <= tol * |ELBO_t|`` held for two steps in a
     row; with Monte Carlo site parameters (``algorithm.noisy``), once the
     averaged q moved by at most ``tol`` (the largest KL divergence of a block
-    over a window of steps) in two windows in a row, never on one noisy step.
+    over a window of steps) in two windows in a row, never on one noisy step;
+    for an exact algorithm (``algorithm.exact``: conjugate Bayes), after the
+    first step taken, which is the fixed point.
 
     Args:
       algorithm: the ``InferenceAlgorithm`` to run.
@@ -102,19 +117,70 @@ def run(
       ``(state, elbo, converged)``: the final state, the ELBO after each step
       run, and whether ``tol`` stopped the run.
     """
+    if init_state is None:
+        state, elbo, converged, _ = checked_run(
+            algorithm, rng_key, num_steps, arrays, (), tol=tol, progress_bar=progress_bar, num_updates=num_updates
+        )
+        return state, elbo, converged
+    return _loop(algorithm, _check_steps(num_steps), arrays, init_state, tol, progress_bar, num_updates)
+
+
+def checked_run(
+    algorithm: InferenceAlgorithm,
+    rng_key: jax.Array,
+    num_steps: int,
+    arrays: Any,
+    tests: tuple,
+    *,
+    tol: Optional[float] = None,
+    progress_bar: bool = True,
+    num_updates: int = 20,
+) -> tuple[BLRState, jax.Array, bool, np.ndarray]:
+    """:func:`run` from ``algorithm.init``, its start tested as by :func:`checked_init`.
+
+    Without a progress bar the loop is dispatched right behind the start, with
+    no wait between them: a start that fails a test bounds the loop to no
+    step on the device, and the host reads the verdicts with the results.
+
+    Returns:
+      ``(state, elbo, converged, valid)``: as :func:`run`, and on the host
+      whether the start passed each test (when one failed, no step was run:
+      ``state`` is the start and ``elbo`` is empty).
+    """
     num_steps = _check_steps(num_steps)
-    state = init(algorithm, rng_key, arrays) if init_state is None else init_state
-    # The loop's inputs are made in numpy and its outputs read there: an eager
-    # jnp call on the host compiles a one-operation program per new shape.
+    state, valid, stop = _init(algorithm, tests, algorithm.exact, rng_key, arrays, np.asarray(num_steps, np.int32))
+    if progress_bar:
+        valid = np.asarray(block_until_ready(valid))
+        if not bool(np.all(valid)):
+            return init(algorithm, rng_key, arrays), _head(np.zeros(0, jnp.result_type(float)), 0), False, valid
+        state, elbo, converged = _loop(algorithm, num_steps, arrays, state, tol, progress_bar, num_updates)
+        return state, elbo, converged, valid
+    state, elbo, converged = _loop(algorithm, num_steps, arrays, state, tol, False, num_updates, stop)
+    return state, elbo, converged, np.asarray(valid)
+
+
+def _loop_inputs(num_steps: int, tol: Optional[float]) -> tuple:
+    """``(threshold, buffer, previous, hits)``, the loop's first inputs.
+
+    Made in numpy (and the outputs read there): an eager jnp call on the host
+    compiles a one-operation program per new shape.
+    """
     dtype = jnp.result_type(float)
     threshold = np.asarray(-1.0 if tol is None else float(tol), dtype)
     buffer = np.full((_buffer_length(num_steps),), np.nan, dtype)
-    previous = np.asarray(np.inf, dtype)
-    hits = np.zeros((), np.int32)
+    return threshold, buffer, np.asarray(np.inf, dtype), np.zeros((), np.int32)
+
+
+def _loop(algorithm, num_steps, arrays, state, tol, progress_bar, num_updates, stop=None):
+    """The loop of :func:`run` from ``state``: ``(state, elbo, converged)``; ``stop``: the
+    bound of a run without a progress bar (default ``num_steps``), a device array if need be."""
+    threshold, buffer, previous, hits = _loop_inputs(num_steps, tol)
     if not progress_bar:
+        stop = np.asarray(num_steps, np.int32) if stop is None else stop
         end, state, buffer, previous, hits = block_until_ready(_run_chunk(
-            algorithm, arrays, state, buffer, np.asarray(0, np.int32), np.asarray(num_steps, np.int32), previous, hits, threshold
+            algorithm, arrays, _lean(algorithm, state), buffer, np.asarray(0, np.int32), stop, previous, hits, threshold
         ))
+        end, hits, buffer = jax.device_get((end, hits, buffer))  # one transfer
         return state, _head(buffer, int(end)), int(hits) >= CONFIRMATIONS
 
     chunk = -(-num_steps // num_updates)
@@ -125,7 +191,7 @@ def run(
             new_end, state, buffer, previous, hits = _run_chunk(
                 algorithm,
                 arrays,
-                state,
+                _lean(algorithm, state),
                 buffer,
                 np.asarray(end, np.int32),
                 np.asarray(stop, np.int32),
@@ -156,6 +222,9 @@ CONFIRMATIONS = 2
 
 def _hits(algorithm, info, elbo, previous, hits, threshold):
     """The count of consecutive convergence checks passed (see :func:`run`)."""
+    if algorithm.exact:  # a step taken is its own fixed point: nothing to confirm
+        passed = (threshold >= 0) & (info.change == 0) & jnp.isfinite(elbo)
+        return jnp.where(passed, CONFIRMATIONS, 0).astype(hits.dtype)
     if algorithm.noisy:
         checked = jnp.isfinite(info.change)
         passed = info.change <= threshold
@@ -165,13 +234,10 @@ def _hits(algorithm, info, elbo, previous, hits, threshold):
     return jnp.where(checked, jnp.where(passed, hits + 1, 0), hits)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _run_chunk(algorithm, arrays, state, buffer, start, stop, previous, hits, threshold):
-    """Steps ``start`` to ``stop`` (or until converged) in one ``while_loop``.
-
-    Compiled once per algorithm (a static argument), whatever the chunk
-    bounds, tolerance, number of steps or data (``arrays``, of fixed shapes).
-    """
+def _chunk(algorithm, arrays, state, buffer, start, stop, previous, hits, threshold):
+    """Steps ``start`` to ``stop`` (or until converged) in one ``while_loop``."""
+    if state.natural is None:  # an exact algorithm's lean state (:func:`_lean`)
+        state = state._replace(natural=algorithm.init(state.rng_key, arrays).natural)
 
     def cond(carry):
         i, _, _, _, hits = carry
@@ -186,6 +252,11 @@ def _run_chunk(algorithm, arrays, state, buffer, start, stop, previous, hits, th
         return i + 1, state, buffer, elbo, hits
 
     return jax.lax.while_loop(cond, body, (start, state, buffer, previous, hits))
+
+
+_run_chunk = jax.jit(_chunk, static_argnums=0)
+""":func:`_chunk`, compiled once per algorithm (a static argument), whatever the chunk
+bounds, tolerance, number of steps or data (``arrays``, of fixed shapes)."""
 
 
 def init_restarts(
@@ -326,7 +397,7 @@ def _run_chunks(algorithm, arrays, states, buffers, start, stop, previous, hits,
     """:func:`_run_chunk` vmapped over restarts (shared bounds and tolerance; data shared or batched)."""
 
     def one(arrays, state, buffer, previous, hits):
-        return _run_chunk(algorithm, arrays, state, buffer, start, stop, previous, hits, threshold)
+        return _chunk(algorithm, arrays, state, buffer, start, stop, previous, hits, threshold)
 
     in_axes = (0 if batched_data else None, 0, 0, 0, 0)
     return _over_restarts(algorithm, one, in_axes, arrays, states, buffers, previous, hits)

@@ -51,8 +51,10 @@ class BLRInfo(NamedTuple):
       rho: the learning rate the step used.
       change: for a Monte Carlo fit, at the end of each window of steps, the
         largest KL divergence between a block's averaged q now and at the
-        window's start (+inf between window ends); NaN for fits whose
-        convergence is judged on the ELBO (the driver's relative change).
+        window's start (+inf between window ends); for an exact algorithm
+        (``InferenceAlgorithm.exact``), 0 once a step was taken (+inf if the
+        safeguard rejected it); NaN for fits whose convergence is judged on
+        the ELBO (the driver's relative change).
     """
 
     elbo: jax.Array
@@ -76,6 +78,9 @@ class InferenceAlgorithm(NamedTuple):
     restart's start), where a random restart's ``init`` is the same
     ``finish`` of its own start (else None): the restarts' starts are then
     one batched ``finish`` (see :func:`blrppl.blr.driver.init_with_restarts`).
+    ``exact``: one step from any state is the fixed point (conjugate Bayes,
+    :func:`blrppl.blr.build.exact_after_one_step`), so a run with ``tol``
+    stops after the first step it took instead of confirming it twice.
     ``arrays`` is the plan's data
     (:class:`~blrppl.estimators.base.PlanArrays`), an argument so that one
     compiled program fits any data set of the same shapes.
@@ -88,3 +93,4 @@ class InferenceAlgorithm(NamedTuple):
     sequential: bool = False
     start: Optional[Callable[[jax.Array, Any, bool], tuple[Any, Any]]] = None
     finish: Optional[Callable[[jax.Array, Any, Any, Any], BLRState]] = None
+    exact: bool = False

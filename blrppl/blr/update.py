@@ -7,6 +7,8 @@ from typing import Any, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
+from blrppl.families import checked_moments
+
 
 def tree_sum(trees: Sequence[Any]) -> Any:
     return jax.tree.map(lambda *xs: sum(xs[1:], xs[0]), *trees)
@@ -64,9 +66,12 @@ def local_update(
 MAX_HALVINGS = 10
 
 
+def _finite(natural) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(natural)]))
+
+
 def _is_valid(family, natural) -> jax.Array:
-    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(natural)]))
-    return finite & jnp.all(family.is_valid(natural))
+    return _finite(natural) & jnp.all(family.is_valid(natural))
 
 
 def safe_global_update(family, natural: Any, messages: Sequence[Any], rho: Any) -> tuple[Any, jax.Array]:
@@ -107,3 +112,57 @@ def safe_global_update(family, natural: Any, messages: Sequence[Any], rho: Any) 
     first = step(rho)
     valid = _is_valid(family, first)
     return jax.lax.cond(valid, lambda o: (o[0], ~o[1]), halve, (first, valid))
+
+
+def checked_global_update(family, natural: Any, messages: Sequence[Any], rho: Any) -> tuple[Any, jax.Array, tuple]:
+    """:func:`safe_global_update` that also returns ``(μ, A(λ))`` of the new λ.
+
+    For families that read their validity off their moments
+    (``family.checked_moments``: a chain's pivots come out of the forward
+    pass that also gives A(λ), the backward pass gives μ): each candidate is
+    checked by its moments, and the step's ELBO then reads the same ones. One
+    smoother per step, not a forward pass to check λ and a smoother again for
+    the ELBO. The halving is a while loop that a valid step leaves at once
+    (no select or copy of λ and μ), and a halved plain step is the midpoint
+    of λ and the previous try, so the site parameters' sum need not be kept
+    alive through it.
+
+    Returns:
+      ``(natural, rejected, (μ, A(λ)))``.
+    """
+    target = tree_sum(messages)
+
+    def check(candidate):
+        mean, log_norm, valid = checked_moments(family, candidate)
+        return (mean, log_norm), _finite(candidate) & jnp.all(valid)
+
+    def step(r):
+        if family.safe_step is not None:
+            return family.safe_step(natural, target, r)
+        return jax.tree.map(lambda lam, t: (1.0 - r) * lam + r * t, natural, target)  # Eq. 58
+
+    def cond(carry):
+        k, _, _, valid = carry
+        return (~valid) & (k <= MAX_HALVINGS)
+
+    def halved(k, previous):
+        if family.safe_step is not None:
+            return step(rho * 0.5**k)
+        # The plain step with ρ/2^k is the midpoint of λ and the step with ρ/2^(k-1):
+        # the target need not be kept alive through the loop (nor copied into it).
+        return jax.tree.map(lambda lam, p: 0.5 * (lam + p), natural, previous)
+
+    def body(carry):
+        # ρ/2, ρ/4, ... ; the last try keeps λ (accepted as it is: the step is rejected).
+        k, previous = carry[0], carry[1]
+        keep = k == MAX_HALVINGS
+        candidate = jax.tree.map(lambda old, new: jnp.where(keep, old, new), natural, halved(k, previous))
+        extra, valid = check(candidate)
+        return k + 1, candidate, extra, valid | keep
+
+    # The loop starts from the first step and its verdict: a valid step (the rule)
+    # takes no iteration and is returned in place, with no select or copy of λ.
+    first = step(rho)
+    extra, valid = check(first)
+    k, candidate, extra, _ = jax.lax.while_loop(cond, body, (jnp.ones((), jnp.int32), first, extra, valid))
+    return candidate, k > MAX_HALVINGS, extra

@@ -15,6 +15,13 @@ a safety net: a deadlocked computation can never be cancelled, so
 naming the cause and the workaround, and lets the process exit (its shutdown
 would otherwise wait for the computation forever).
 
+The waiting itself is done by a daemon thread (one per process) that calls
+``jax.block_until_ready`` and signals when it returns, so a result is taken
+as soon as it is ready; the caller wakes every ``POLL_SECONDS`` meanwhile to
+watch the CPU. (A fixed 50 ms sleep between looks made every fit of a few
+milliseconds, one Kalman smoother, wait 50 ms; even short sleeps cost a
+millisecond-scale fit about 5%.)
+
 ``BLRPPL_STALL_SECONDS=0`` turns the check off (a model whose code waits on
 the host, e.g. a ``jax.pure_callback`` that sleeps, looks idle to it).
 """
@@ -23,9 +30,11 @@ from __future__ import annotations
 
 import atexit
 import os
+import queue
 import sys
+import threading
 import time
-from typing import Any
+from typing import Any, Optional
 
 import jax
 
@@ -35,6 +44,7 @@ DEFAULT_STALL_SECONDS = 60.0
 IDLE_FRACTION = 0.01
 """Below this fraction of one core over a window, the process counts as idle."""
 POLL_SECONDS = 0.05
+"""How often the caller looks at the CPU while the computation runs."""
 
 
 def stall_seconds() -> float:
@@ -54,12 +64,22 @@ def block_until_ready(tree: Any, what: str = "the fit") -> Any:
     """
     patience = stall_seconds()
     leaves = [x for x in jax.tree.leaves(tree) if hasattr(x, "is_ready")]
-    if patience <= 0 or all(x.is_ready() for x in leaves):
+    waiting = _pending(leaves, 0)
+    if patience <= 0 or waiting == len(leaves):
         return jax.block_until_ready(tree)
+    done = _wait_in_background(leaves)
     since, cpu_since = time.monotonic(), time.process_time()
     last = since
-    while not all(x.is_ready() for x in leaves):
-        time.sleep(POLL_SECONDS)
+    while True:
+        if done.wait(POLL_SECONDS):
+            waiting = _pending(leaves, waiting)
+            if waiting == len(leaves):
+                break
+            time.sleep(POLL_SECONDS)  # a leaf that jax cannot wait on (not a jax array): look again later
+        else:
+            waiting = _pending(leaves, waiting)
+            if waiting == len(leaves):
+                break
         now, cpu = time.monotonic(), time.process_time()
         if now - last > 5.0:  # this thread was not scheduled (process stopped, machine suspended)
             since, cpu_since = now, cpu
@@ -81,6 +101,43 @@ def block_until_ready(tree: Any, what: str = "the fit") -> Any:
                 "whose code waits on the host looks idle to it)."
             )
     return tree
+
+
+_requests: Optional[queue.SimpleQueue] = None
+_requests_lock = threading.Lock()
+
+
+def _wait_in_background(leaves: list) -> threading.Event:
+    """An event set once ``jax.block_until_ready(leaves)`` returned in the waiting thread."""
+    global _requests
+    with _requests_lock:
+        if _requests is None:
+            _requests = queue.SimpleQueue()
+            threading.Thread(target=_serve, args=(_requests,), name="blrppl-watchdog", daemon=True).start()
+    done = threading.Event()
+    _requests.put((leaves, done))
+    return done
+
+
+def _serve(requests: queue.SimpleQueue) -> None:
+    """The waiting thread: one request after another (a deadlocked one blocks it for good,
+    and later waits fall back to looking at the leaves every ``POLL_SECONDS``)."""
+    while True:
+        leaves, done = requests.get()
+        try:
+            jax.block_until_ready(leaves)
+        except Exception:  # noqa: BLE001 - the caller meets the error where it reads the result
+            pass
+        done.set()
+        del leaves, done  # hold no results between requests
+
+
+def _pending(leaves: list, first: int) -> int:
+    """The index of the first leaf from ``first`` on that is not ready (``len(leaves)``: all are);
+    one look per wake while the computation runs, whatever the number of leaves."""
+    while first < len(leaves) and leaves[first].is_ready():
+        first += 1
+    return first
 
 
 def _exit_now() -> None:

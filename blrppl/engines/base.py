@@ -159,14 +159,17 @@ class Engine:
         if num_restarts > 1:
             return self._run_restarts(plan, rng_key, num_steps, int(num_restarts), init_state, tol, progress_bar)
         algorithm = self.build(plan)
-        if init_state is None:
-            init_state, valid = driver.checked_init(algorithm, rng_key, plan.arrays, start_tests(plan.qs))
+        if init_state is None:  # the start, its tests and the run without a wait between them
+            state, elbo, stopped, valid = driver.checked_run(
+                algorithm, rng_key, num_steps, plan.arrays, start_tests(plan.qs), tol=tol, progress_bar=progress_bar
+            )
             raise_invalid_start(plan.qs, valid)
-        state, elbo, stopped = driver.run(
-            algorithm, rng_key, num_steps, plan.arrays, init_state=init_state, tol=tol, progress_bar=progress_bar
-        )
+        else:
+            state, elbo, stopped = driver.run(
+                algorithm, rng_key, num_steps, plan.arrays, init_state=init_state, tol=tol, progress_bar=progress_bar
+            )
         check_finite(plan, state, elbo)
-        convergence = Convergence.of(stopped, tol, len(elbo), algorithm.noisy)
+        convergence = Convergence.of(stopped, tol, len(elbo), algorithm.noisy, algorithm.exact)
         flags = self._flags(plan, state, elbo, bool(stopped))
         return BLRResult(plan=plan, state=state, elbo=elbo, mode=self.mode, convergence=convergence, flags=flags)
 
@@ -199,7 +202,7 @@ class Engine:
         )
         best_stopped = bool(np.asarray(stopped)[best])
         best_elbo = jax.device_put(np.asarray(elbo)[best, : num_run[best]])  # cut on the host: nothing compiles
-        convergence = Convergence.of(best_stopped, tol, num_run[best], algorithm.noisy)
+        convergence = Convergence.of(best_stopped, tol, num_run[best], algorithm.noisy, algorithm.exact)
         flags = self._flags(plan, state, best_elbo, best_stopped) + disagreement(elbo, num_run, finite)
         return BLRResult(
             plan=plan, state=state, elbo=best_elbo, mode=self.mode, restarts=restarts,

@@ -5,7 +5,7 @@ one ``*Stats`` NamedTuple shared by λ, μ and T(x). Look families up by name wi
 :func:`get_family`; :data:`FAMILIES` lists them all.
 """
 
-from blrppl.families.base import ExpFamily, entropy, family_inner, kl_divergence, mean_and_log_normalizer
+from blrppl.families.base import ExpFamily, checked_moments, entropy, family_inner, kl_divergence, mean_and_log_normalizer
 from blrppl.families.bernoulli import BERNOULLI, BernoulliStats
 from blrppl.families.beta import BETA, BetaStats
 from blrppl.families.categorical import CATEGORICAL, CategoricalStats
@@ -67,6 +67,7 @@ __all__ = [
     "WishartStats",
     "default_family_name",
     "statistic_name",
+    "checked_moments",
     "entropy",
     "mean_and_log_normalizer",
     "family_for_distribution",

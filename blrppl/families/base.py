@@ -95,6 +95,10 @@ class ExpFamily(NamedTuple):
             families whose μ and A come out of the same recursion (a chain's
             forward-backward); None computes them separately. The entropy and
             KL divergence use it.
+        checked_moments: ``λ -> (μ, A(λ), is_valid(λ))`` from one pass, for
+            families whose validity comes out of the same recursion as μ and
+            A (a chain's pivots); None computes them separately. The BLR
+            step checks its new λ and reads its ELBO's moments from it.
     """
 
     name: str
@@ -129,6 +133,7 @@ class ExpFamily(NamedTuple):
     support_probs: Optional[Callable] = None
     chain: bool = False
     mean_and_log_normalizer: Optional[Callable] = None
+    checked_moments: Optional[Callable] = None
 
 
 def family_inner(family: ExpFamily, natural: Any, stats: Any) -> jax.Array:
@@ -147,6 +152,14 @@ def mean_and_log_normalizer(family: ExpFamily, natural: Any) -> tuple[Any, jax.A
     if family.mean_and_log_normalizer is not None:
         return family.mean_and_log_normalizer(natural)
     return family.mean_params(natural), family.log_normalizer(natural)
+
+
+def checked_moments(family: ExpFamily, natural: Any) -> tuple[Any, jax.Array, jax.Array]:
+    """``(μ, A(λ), is_valid(λ))``, from one pass where the family shares one (chains)."""
+    if family.checked_moments is not None:
+        return family.checked_moments(natural)
+    mean, log_norm = mean_and_log_normalizer(family, natural)
+    return mean, log_norm, family.is_valid(natural)
 
 
 def entropy(family: ExpFamily, natural: Any, moments: Optional[tuple[Any, jax.Array]] = None) -> jax.Array:

@@ -346,11 +346,22 @@ def is_valid(natural: ChainCategoricalStats) -> Array:
     bounded = jnp.isfinite(bound)
 
     def exact(n):
-        no_nan = jnp.all(~jnp.isnan(n.one_hot) & (n.one_hot < jnp.inf), axis=(-2, -1))
-        no_nan &= jnp.all(~jnp.isnan(n.pair) & (n.pair < jnp.inf), axis=(-3, -2, -1))
-        return no_nan & jnp.isfinite(log_normalizer(n))
+        return _no_nan(n) & jnp.isfinite(log_normalizer(n))
 
     return jax.lax.cond(jnp.all(bounded), lambda n: bounded, exact, natural)
+
+
+def _no_nan(natural: ChainCategoricalStats) -> Array:
+    """No NaN and no +∞ potential (-∞ forbids a state or pair), batch shaped."""
+    no_nan = jnp.all(~jnp.isnan(natural.one_hot) & (natural.one_hot < jnp.inf), axis=(-2, -1))
+    return no_nan & jnp.all(~jnp.isnan(natural.pair) & (natural.pair < jnp.inf), axis=(-3, -2, -1))
+
+
+def checked_moments(natural: ChainCategoricalStats) -> tuple[ChainCategoricalStats, Array, Array]:
+    """Return ``(μ, A(λ), is_valid(λ))`` from one forward-backward pass: the verdict of
+    :func:`is_valid` read off the pass's own A (no separate forward pass, even under ``vmap``)."""
+    mean, log_norm = mean_and_log_normalizer(natural)
+    return mean, log_norm, _no_nan(natural) & jnp.isfinite(log_norm)
 
 
 class ChainCategoricalDistribution(dist.Distribution):
@@ -457,5 +468,6 @@ CHAIN_CATEGORICAL = ExpFamily(
     index_valued=True,
     chain=True,
     mean_and_log_normalizer=mean_and_log_normalizer,
+    checked_moments=checked_moments,
 )
 """Discrete chain z_1..z_T in {0..K-1} with unary and pairwise log potentials (an HMM posterior)."""

@@ -175,14 +175,39 @@ def read_statistic(
     return array, labels
 
 
+MAX_RUNS = 8
+"""The most evenly spaced runs a constant index is read as (slices joined), not a gather."""
+
+
+def _runs(positions: np.ndarray) -> list[tuple[int, int, int]]:
+    """``positions`` split greedily into evenly spaced runs ``(start, stop, step)`` (step >= 1)."""
+    runs, i = [], 0
+    while i < positions.size:
+        start = int(positions[i])
+        step = int(positions[i + 1] - start) if i + 1 < positions.size else 1
+        if step < 1:
+            step = 1
+            j = i + 1
+        else:
+            j = i + 1
+            while j < positions.size and positions[j] - positions[j - 1] == step:
+                j += 1
+        runs.append((start, int(positions[j - 1]) + 1, step))
+        i = j
+    return runs
+
+
 def _slice_ranges(array: jax.Array, index: list) -> tuple[jax.Array, list]:
-    """Read constant evenly spaced index arrays (a chain's ``z[1:]``) as static slices.
+    """Read constant index arrays made of a few evenly spaced runs as static slices.
 
     A gather at constant positions ``start, start + step, ...`` reads the same
     values as a strided slice, but its gradient (how site parameters are
     taken from the expectation) is a scatter-add, a serial loop on a CPU,
-    where a slice's is a pad. Only a 1-D index whose label no other axis of
-    the read shares is sliced (a shared label reads a diagonal jointly).
+    where a slice's is a pad. An index of up to ``MAX_RUNS`` such runs (a
+    scan's steps after the first, ``[1, 1, 2, ..., T - 1]``, whose first entry
+    the operand zeroes) is read as their slices joined: its gradient is a sum
+    of pads. Only a 1-D index whose label no other axis of the read shares is
+    sliced (a shared label reads a diagonal jointly).
     """
     index = list(index)
     counts: dict = {}
@@ -197,11 +222,11 @@ def _slice_ranges(array: jax.Array, index: list) -> tuple[jax.Array, list]:
         positions = np.where(arr < 0, arr + size, arr).astype(np.int64)
         if positions.size == 0 or positions.min() < 0 or positions.max() >= size:
             continue  # out of range: left to the gather's own semantics
-        step = int(positions[1] - positions[0]) if positions.size > 1 else 1
-        if step < 1 or np.any(np.diff(positions) != step):
+        runs = _runs(positions)
+        if len(runs) > MAX_RUNS:
             continue
-        start = int(positions[0])
-        array = jax.lax.slice_in_dim(array, start, start + step * (positions.size - 1) + 1, step, axis=axis)
+        pieces = [jax.lax.slice_in_dim(array, start, stop, step, axis=axis) for start, stop, step in runs]
+        array = pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=axis)
         index[axis] = Index(idx.labels)
     return array, index
 

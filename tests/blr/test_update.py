@@ -4,8 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from blrppl.blr.update import global_update, local_update, safe_global_update
-from blrppl.families import GAMMA, NORMAL, GammaStats, NormalStats
+from blrppl.blr.update import checked_global_update, global_update, local_update, safe_global_update
+from blrppl.families import GAMMA, NORMAL, SCALAR_CHAIN_GAUSSIAN, ChainGaussianStats, GammaStats, NormalStats
 
 
 def test_global_update_is_the_convex_combination_of_eq_58():
@@ -57,3 +57,34 @@ def test_safe_step_rejects_a_target_that_is_not_finite():
     new, rejected = safe_global_update(GAMMA, lam, [GammaStats(jnp.array(jnp.nan), jnp.array(-1.0))], 0.5)
     assert bool(rejected)
     np.testing.assert_array_equal(new.log_x, lam.log_x)
+
+
+def test_checked_step_halves_a_chain_and_returns_the_moments_of_the_lambda_it_keeps():
+    """A chain's step is checked by its own moments (one smoother): an indefinite target
+    is halved to a valid midpoint (the safe step's ρ/2^k), a target that is not finite is
+    rejected, and the moments returned are those of the λ returned, as the ELBO reads them."""
+    family = SCALAR_CHAIN_GAUSSIAN
+    lam = ChainGaussianStats(np.zeros(4), np.full(4, -1.0), np.full(3, 0.5))
+    bad = ChainGaussianStats(np.ones(4), np.array([-1.0, 0.5, -1.0, -1.0]), np.full(3, 0.5))  # J_22 < 0
+
+    @jax.jit
+    def both(target):
+        new, rejected, moments = checked_global_update(family, lam, [target], 1.0)
+        safe, safe_rejected = safe_global_update(family, lam, [target], 1.0)
+        reference = (family.mean_params(new), family.log_normalizer(new), family.is_valid(new))
+        return new, rejected, moments, safe, safe_rejected, reference
+
+    new, rejected, (mean, log_norm), safe, safe_rejected, (ref_mean, ref_log_norm, valid) = both(bad)
+    assert bool(valid) and not bool(rejected) and not bool(safe_rejected)
+    assert_trees_close(new, safe, rtol=1e-12)
+    assert_trees_close(mean, ref_mean, rtol=1e-12)
+    np.testing.assert_allclose(log_norm, ref_log_norm, rtol=1e-12)
+    bad.x[0] = np.nan
+    kept, rejected, *_ = both(bad)
+    assert bool(rejected)
+    assert_trees_close(kept, lam, rtol=0.0)
+
+
+def assert_trees_close(actual, expected, rtol):
+    for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=rtol)

@@ -62,6 +62,18 @@ def test_normal_normal_is_exact_and_extra_steps_are_no_ops():
     assert np.allclose(result.elbo, log_evidence, rtol=1e-12)  # every step: no-ops after the first
 
 
+def test_with_tol_the_exact_step_is_its_own_fixed_point():
+    """With ``tol`` the run stops after its one exact step (no steps to confirm it) and
+    says why; the same engine without ``tol`` takes every step asked for."""
+    engine = blrppl.ConjugateBayes(normal_normal)
+    y = jnp.array([0.3, 1.1, 0.8])
+    stopped = engine.run(jax.random.key(0), 5, y, tol=1e-12, progress_bar=False)
+    assert stopped.converged and stopped.converged.num_steps == 1 and "fixed point" in stopped.converged.reason
+    every = engine.run(jax.random.key(0), 3, y, progress_bar=False)
+    assert not every.converged and len(every.elbo) == 3
+    np.testing.assert_array_equal(every.elbo, stopped.elbo[0])
+
+
 @pytest.mark.parametrize("name", ["normal_mean_precision", "linear_regression", "gaussian_mixture"])
 def test_models_outside_the_family_point_to_vmp(name):
     entry = ZOO[name]

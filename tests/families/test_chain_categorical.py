@@ -143,6 +143,12 @@ def test_chain_categorical_with_forbidden_transitions(rng_key):
     assert_trees_close(out["canonical_mean"], mean, rtol=1e-10, atol=1e-14)
     impossible = natural._replace(one_hot=jnp.full_like(natural.one_hot, -jnp.inf))
     assert not bool(cc.is_valid(impossible))
+    # A step of the rule reads μ, A and the verdict off one forward-backward pass.
+    both = jax.tree.map(lambda a, b: np.stack([a, b]), natural, impossible)
+    checked_mean, checked_log_norm, checked_valid = jax.jit(cc.checked_moments)(both)
+    np.testing.assert_array_equal(checked_valid, [True, False])
+    assert_trees_close(jax.tree.map(lambda a: a[0], checked_mean), mean, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(checked_log_norm[0], out["log_normalizer"], rtol=1e-12)
 
 
 def test_chain_categorical_samples_match_marginals(rng_key):

@@ -165,6 +165,24 @@ def test_chain_gaussian_is_valid():
     assert not bool(is_valid(natural._replace(x=natural.x.at[0, 0].set(jnp.nan))))
 
 
+def test_checked_moments_are_the_moments_and_the_verdict_of_one_pass():
+    """``checked_moments`` (what a BLR step reads: μ, A(λ) and is_valid from one
+    forward-backward pass, here the scalar-state passes) equals the dense oracle
+    on a valid chain and says invalid for one with an indefinite pivot or a NaN."""
+    natural = jax.tree.map(np.array, batch_case(1))  # edited in numpy: no eager jax ops to compile
+    natural.xx[1, 5] *= -1.0
+    natural.x[2, 0, 0] = np.nan
+    mean, log_norm, valid = jax.jit(cg.checked_moments)(natural)
+    np.testing.assert_array_equal(valid, [True, False, False])
+    dense = dense_moments(jax.tree.map(lambda a: a[0], natural))
+    np.testing.assert_allclose(mean.x[0], dense["mean"], rtol=1e-10)
+    np.testing.assert_allclose(mean.xx[0], dense["cov"] + dense["mean"][:, :, None] * dense["mean"][:, None, :], rtol=1e-10)
+    np.testing.assert_allclose(
+        mean.x_next[0], dense["cross"] + dense["mean"][:-1, :, None] * dense["mean"][1:, None, :], rtol=1e-10, atol=1e-12
+    )
+    np.testing.assert_allclose(log_norm[0], dense["log_normalizer"], rtol=1e-10)
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_chain_gaussian_batch_jit_and_vmap(method, rng_key):
     natural = batch_case(2)

@@ -42,7 +42,8 @@ Modules, one idea each:
   forwards, affine maps backwards).
 * :mod:`.scalar`: both passes for d = 1 on (T,) arrays, the hot path of local
   level models (a smoother costs about one Kalman filter pass).
-* :mod:`.inference`: A(λ), μ = ∇A(λ), marginal moments, samples and validity,
+* :mod:`.inference`: A(λ), μ = ∇A(λ), marginal moments, samples and validity
+  (μ, A and validity together from one pass for a step of the rule),
   choosing among the passes above.
 * :mod:`.params`: μ -> λ, the state-space (usual) form <-> λ, and numpyro
   priors (``GaussianRandomWalk``, ``GaussianStateSpace``, banded
@@ -63,8 +64,10 @@ from blrppl.families.chain_gaussian.family import (
     SCALAR_CHAIN_GAUSSIAN_PARALLEL,
 )
 from blrppl.families.chain_gaussian.inference import (
+    checked_moments,
     is_valid,
     log_normalizer,
+    mean_and_log_normalizer,
     mean_params,
     moments,
     sample,
@@ -87,10 +90,12 @@ __all__ = [
     "SCALAR_CHAIN_GAUSSIAN",
     "SCALAR_CHAIN_GAUSSIAN_PARALLEL",
     "ChainGaussianStats",
+    "checked_moments",
     "from_numpyro",
     "from_usual",
     "is_valid",
     "log_normalizer",
+    "mean_and_log_normalizer",
     "mean_params",
     "moments",
     "natural_params",

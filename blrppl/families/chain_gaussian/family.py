@@ -31,8 +31,10 @@ from blrppl.families.chain_gaussian.distribution import (
     to_numpyro,
 )
 from blrppl.families.chain_gaussian.inference import (
+    checked_moments,
     is_valid,
     log_normalizer,
+    mean_and_log_normalizer,
     mean_params,
     sample,
 )
@@ -106,8 +108,15 @@ def _scalar_family(name: str, method: str) -> ExpFamily:
         ],
         is_valid=lambda n: is_valid(_vector_states(n)),
         batch_shape=lambda n: tuple(jnp.shape(n.x)[:-1]),
+        mean_and_log_normalizer=lambda n: _scalar_moments(mean_and_log_normalizer(_vector_states(n), method)),
+        checked_moments=lambda n: _scalar_moments(checked_moments(_vector_states(n), method)),
         **RECORD,
     )
+
+
+def _scalar_moments(moments: tuple) -> tuple:
+    """``(μ, ...)`` with μ in the (..., T) form of scalar states."""
+    return (_scalar_states(moments[0]),) + tuple(moments[1:])
 
 
 def _to_value_layout(q, mean: ChainGaussianStats) -> dict:
@@ -185,6 +194,8 @@ def _family(name: str, method: str, prior_types: tuple = ()) -> ExpFamily:
         is_valid=is_valid,
         batch_shape=batch_shape,
         prior_types=prior_types,
+        mean_and_log_normalizer=partial(mean_and_log_normalizer, method=method),
+        checked_moments=partial(checked_moments, method=method),
         **RECORD,
     )
 

@@ -84,7 +84,7 @@ def _moments_one(natural: ChainGaussianStats, method: str):
 
 def _log_normalizer_one(natural: ChainGaussianStats, method: str) -> Array:
     if scalar.is_scalar(natural):
-        return scalar.backward_chain(natural, method)[3]
+        return scalar.log_normalizer(*scalar.forward_pass(natural, method))
     return backward_chain(natural, method)[3]
 
 
@@ -138,12 +138,57 @@ def mean_params(
     Raises:
         ValueError: if ``method`` is not ``"sequential"`` or ``"parallel"``.
     """
-    means, covs, cross = moments(natural, method)
+    return checked_moments(natural, method)[0]
+
+
+def _mean_from_moments(means: Array, covs: Array, cross: Array) -> ChainGaussianStats:
     return ChainGaussianStats(
         x=means,
         xx=covs + common.outer(means),
         x_next=cross + means[..., :-1, :, None] * means[..., 1:, None, :],
     )
+
+
+def _checked_moments_one(natural: ChainGaussianStats, method: str):
+    finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(leaf)) for leaf in natural]))
+    if scalar.is_scalar(natural):
+        x, xx, x_next, log_norm, positive = scalar.moments(natural, method)
+        mean = ChainGaussianStats(x[:, None], xx[:, None, None], x_next[:, None, None])
+        return mean, log_norm, finite & positive
+    chol, gains, offsets, log_norm = backward_chain(natural, method)
+    positive = jnp.all(jnp.isfinite(chol)) & jnp.all(jnp.diagonal(chol, axis1=-2, axis2=-1) > 0)
+    cond_cov = inverse_from_cholesky(chol)
+    smooth = parallel.smooth if method == "parallel" else sequential.smooth
+    means, covs = smooth(gains, offsets, cond_cov)
+    mean = _mean_from_moments(means, covs, gains[:-1] @ covs[1:])
+    return mean, log_norm, finite & positive
+
+
+def checked_moments(
+    natural: ChainGaussianStats, method: str = "sequential"
+) -> tuple[ChainGaussianStats, Array, Array]:
+    """Return μ = ∇A(λ), A(λ) and whether λ is valid (:func:`is_valid`), batch shaped.
+
+    One forward pass gives the pivots P_t, A(λ) and the verdict (J is
+    positive definite exactly when every pivot is), one backward pass μ: what
+    a step of the rule needs (its validity check and its ELBO) from one
+    smoother, not three passes. The verdict reads the pivots of ``method``'s
+    own forward pass, those μ and A are computed from.
+
+    Raises:
+        ValueError: if ``method`` is not ``"sequential"`` or ``"parallel"``.
+    """
+    check_method(method)
+    fn = partial(_checked_moments_one, method=method)
+    return vmap_over_batch(fn, natural, STATS_NDIM, batch_shape(natural))
+
+
+def mean_and_log_normalizer(
+    natural: ChainGaussianStats, method: str = "sequential"
+) -> tuple[ChainGaussianStats, Array]:
+    """Return μ = ∇A(λ) and A(λ) from one forward-backward pass (:func:`checked_moments`)."""
+    mean, log_norm, _ = checked_moments(natural, method)
+    return mean, log_norm
 
 
 def _sample_one(
@@ -201,8 +246,7 @@ def is_valid(natural: ChainGaussianStats) -> Array:
     def one(nat):
         finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(leaf)) for leaf in nat]))
         if scalar.is_scalar(nat):
-            pivots, _ = scalar.forward_pass(*scalar.scalar_blocks(nat), "sequential")
-            return finite & jnp.all(pivots > 0)
+            return finite & scalar.is_positive_definite(nat)
         pivots, _ = sequential.forward_pass(*precision_blocks(nat))
         return finite & jnp.all(is_positive_definite(pivots))
 
