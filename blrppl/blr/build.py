@@ -298,14 +298,13 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
 def exact_after_one_step(plan: Plan, config: Config) -> bool:
     """Whether one step from any q is the fixed point (conjugate Bayes, Khan & Rue Sec. 5.1).
 
-    So when ``config`` asks for the posterior in q's family (every factor on
-    one q block, no term reading a block twice: each E_q[log f] is affine in
-    its block's μ, so its site parameter λ̃_f does not depend on q), every
-    factor's site parameter is exact, ρ = 1 is constant, and nothing else
-    moves q (no point estimates, minibatches, averaging or integrated
-    orphan rows): then λ = Σ_f λ̃_f after the first step (Eq. 58, and Eq. 60
-    with every site refreshed), whatever the start, unless the safeguard
-    rejected it.
+    True when ``config`` asks for the posterior in q's family (every factor
+    on one q block, no term reading a block twice: each E_q[log f] is affine
+    in its block's μ, so its site parameter λ̃_f does not depend on q), every
+    site parameter is exact, ρ = 1 is constant, and nothing else moves q (no
+    point estimates, minibatches, Newton start or integrated orphan rows):
+    then λ = Σ_f λ̃_f after the first step (Eq. 58, and Eq. 60 with every
+    site refreshed), whatever the start, unless the safeguard rejected it.
     """
     methods = [e.method for e in plan.estimators]
     return bool(

@@ -53,9 +53,9 @@ def _init(algorithm, tests, lean, rng_key, arrays, stop):
 
 def _lean(algorithm: InferenceAlgorithm, state: BLRState) -> BLRState:
     """An exact algorithm's state without λ, which its step does not read: the loop then
-    starts from the prior made inside its own program (:func:`_chunk`), written straight
-    into the λ it returns, instead of a start made, returned and copied in by another call.
-    (For other algorithms, the state.)"""
+    starts from the prior made inside its own program (:func:`_chunk`, from the state's
+    stream), written straight into the λ it returns, instead of a start made, returned and
+    copied in by another call. (For other algorithms, the state.)"""
     return state._replace(natural=None) if algorithm.exact else state
 
 
@@ -89,10 +89,11 @@ def run(
     """Run ``algorithm`` for up to ``num_steps`` steps.
 
     The loop is a jit-compiled ``lax.while_loop`` that writes the ELBO after
-    each step into a buffer. Without a progress bar it runs in one call (with
-    the start, when there is no ``init_state``); with one, it runs in
-    ``num_updates`` chunks (the host is touched ~20 times, never once per
-    step) with the same compiled loop, so both paths give identical results.
+    each step into a buffer. Without a progress bar it runs in one call
+    (dispatched right behind the start, with no wait between them); with one,
+    it runs in ``num_updates`` chunks (the host is touched ~20 times, never
+    once per step) with the same compiled loop, so both paths give identical
+    results.
 
     Convergence (``tol``): with deterministic site parameters, the run stops
     once ``|ELBO_t - ELBO_{t-1}| <= tol * |ELBO_t|`` held for two steps in a

@@ -19,8 +19,8 @@ The waiting itself is done by a daemon thread (one per process) that calls
 ``jax.block_until_ready`` and signals when it returns, so a result is taken
 as soon as it is ready; the caller wakes every ``POLL_SECONDS`` meanwhile to
 watch the CPU. (A fixed 50 ms sleep between looks made every fit of a few
-milliseconds, one Kalman smoother, wait 50 ms; even short sleeps cost a
-millisecond-scale fit about 5%.)
+milliseconds, one Kalman smoother, wait 50 ms; sleeps that grow with the
+wait still cost such a fit a few tenths of a millisecond.)
 
 ``BLRPPL_STALL_SECONDS=0`` turns the check off (a model whose code waits on
 the host, e.g. a ``jax.pure_callback`` that sleeps, looks idle to it).
