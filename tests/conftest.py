@@ -35,6 +35,13 @@ if os.environ[_CACHE_VARIABLE] != "off":
 # that stays in the default run). They carry the ``slow`` marker, which the
 # default run deselects (setup.cfg); ``pytest -m slow`` runs them.
 SLOW = (
+    # Kept out of the default run for the CI budget (each 12-22 s; their subjects are covered by
+    # cheaper default tests: test_restarts.py, the progress-bar chunk test, the predictor tests and
+    # the other float32 tests of the same files).
+    "tests/blr/test_driver.py::test_restarts_are_the_plain_run_vmapped",
+    "tests/blr/test_driver.py::test_two_runs_of_a_monte_carlo_fit_equal_one_longer_run",
+    "tests/estimators/test_linear_predictor.py::test_auto_uses_the_predictor_and_converges_deterministically",
+    "tests/test_float32.py::test_tol_stops_float32_runs_with_float64_answers",
     "tests/engines/test_robustness.py::test_multimodal_models_start_from_several_points_by_default",
     "tests/families/test_chain_gaussian_passes.py::test_sequential_and_parallel_samplers_draw_the_same_paths[2]",
     "tests/families/test_chain_gaussian_passes.py::test_chain_gaussian_mean_params_are_gradient_of_log_normalizer[2-",
