@@ -117,9 +117,14 @@ def _fit_one(name: str, entry: Any, args: argparse.Namespace, out: Optional[path
     if result.restarts is not None:
         finals = ", ".join(f"{float(result.restart(c).elbo[-1]):.6g}" for c in range(result.num_restarts))
         chains = idata.posterior.sizes["chain"]
+        others = result.num_restarts - chains
+        elsewhere = (
+            f"; {others} ended at another optimum (an equal ELBO there is an equally good one, such as "
+            "the same components relabelled)" if others else ""
+        )
         lines.append(
             f"Restarts: final ELBOs {finals}; best {result.restarts.best}; {chains} of {result.num_restarts} "
-            "reached its optimum (KL < 1 nat) and are the ArviZ chains"
+            f"share the best restart's q (KL < 1 nat) and are the ArviZ chains{elsewhere}"
         )
     diagnostic = result.pareto_k(jax.random.key(args.seed + 2), num_samples=args.draws)
     lines.append(f"{diagnostic} (PSIS of q against the model, {args.draws} draws; README: Pareto k)")
