@@ -131,22 +131,18 @@ def build_graph(
     )
     latent_set = set(latents)
     # Chains are recognised from the priors, so an override keeps the chain structure.
+    chain_families = {n: defaults[n] or choices[n] for n in latents}
+    latent_deps = {n: dist_deps[n] & latent_set for n in latents}
     joined = _chains.scan_chains(
         tr,
         latents,
-        {n: defaults[n] or choices[n] for n in latents},
-        {n: dist_deps[n] & latent_set for n in latents},
+        chain_families,
+        latent_deps,
         dist_scans,
         {tag: names & latent_set for tag, names in scan_init.items()},
     )
     in_scan_chains = frozenset(site for info, _ in joined.values() for site in info.sites)
-    loops = _chains.markov_chains(
-        tr,
-        latents,
-        {n: defaults[n] or choices[n] for n in latents},
-        {n: dist_deps[n] & latent_set for n in latents},
-        in_scan_chains,
-    )
+    loops = _chains.markov_chains(tr, latents, chain_families, latent_deps, in_scan_chains)
     _warn_long_loops(loops)
     joined.update(loops)
     variables, var_of = _variables(tr, latents, choices, joined, families)
