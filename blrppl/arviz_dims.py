@@ -74,7 +74,7 @@ class DimNamer:
 
     def _plates_and_event(self, name: str) -> tuple[tuple, int]:
         graph = self.graph
-        factor = graph.factors.get(name)
+        factor = graph.factor_of(name)
         if factor is not None:
             event = factor.distribution.event_shape if factor.distribution is not None else ()
             return factor.plates, len(event)

@@ -62,9 +62,22 @@ def import_arviz():
     return arviz
 
 
+def observed_values(graph: Any) -> dict[str, np.ndarray]:
+    """Observed site -> its data, for every likelihood factor (each site of a joined loop factor)."""
+    out = {}
+    for name, node in graph.factors.items():
+        if node.kind != "likelihood" or node.value is None:
+            continue
+        if node.sites:
+            out.update({site: np.asarray(node.value[t]) for t, site in enumerate(node.sites)})
+        else:
+            out[name] = np.asarray(node.value)
+    return out
+
+
 def observed_factors(graph: Any) -> list[str]:
-    """The observed sites with data (the likelihood factors)."""
-    return [f for f, node in graph.factors.items() if node.kind == "likelihood" and node.value is not None]
+    """The observed sites with data (the likelihood factors' sites)."""
+    return list(observed_values(graph))
 
 
 def pointwise_log_likelihood(result: Any, latents: Mapping[str, Any], chunk_elements: int = CHUNK_ELEMENTS) -> dict:
@@ -79,7 +92,7 @@ def pointwise_log_likelihood(result: Any, latents: Mapping[str, Any], chunk_elem
     """
     graph = result.graph
     observed = observed_factors(graph)
-    size = sum(int(np.prod(np.shape(graph.factors[f].value))) for f in observed)
+    size = sum(int(np.size(v)) for v in observed_values(graph).values())
     num_draws = int(np.shape(jax.tree.leaves(latents)[0])[0]) if latents else 1
     batch = int(max(1, min(num_draws, chunk_elements // max(size, 1))))
 
@@ -108,7 +121,7 @@ def pointwise_log_likelihood(result: Any, latents: Mapping[str, Any], chunk_elem
 
 def _check_log_likelihood_size(graph: Any, num_draws: int) -> None:
     """Refuse, with the remedy, a pointwise log likelihood larger than :data:`MAX_LOG_LIKELIHOOD_BYTES`."""
-    size = sum(int(np.prod(np.shape(graph.factors[f].value))) for f in observed_factors(graph))
+    size = sum(int(np.size(v)) for v in observed_values(graph).values())
     nbytes = num_draws * size * np.dtype(jnp.result_type(float)).itemsize
     if nbytes > MAX_LOG_LIKELIHOOD_BYTES:
         raise ValueError(
@@ -233,8 +246,8 @@ def to_arviz(
     for name, value in posterior.items():
         name_axes(name, value.shape[2:])
     observed = {}
-    for name in observed_factors(graph):
-        observed[name] = np.asarray(graph.factors[name].value)
+    for name, value in observed_values(graph).items():
+        observed[name] = value
         name_axes(name, observed[name].shape)
     params = {k: np.asarray(v) for k, v in result.state.params.items()}
     for name, value in params.items():

@@ -445,7 +445,7 @@ class IntegratedResult:
         """
         from numpyro.infer.util import log_likelihood as pointwise
 
-        from blrppl.arviz_io import import_arviz, observed_factors
+        from blrppl.arviz_io import import_arviz, observed_values
 
         az = import_arviz()
         rng_key = jax.random.key(0) if rng_key is None else rng_key
@@ -455,7 +455,7 @@ class IntegratedResult:
         if log_likelihood:
             lik = pointwise(graph.model, draws, *graph.model_args, **graph.model_kwargs)
             groups["log_likelihood"] = {k: np.asarray(v)[None] for k, v in lik.items()}
-        groups["observed_data"] = {n: np.asarray(graph.factors[n].value) for n in observed_factors(graph)}
+        groups["observed_data"] = observed_values(graph)
         groups["sample_stats"] = {"elbo": np.asarray(self.elbo)[None, None, :]}
         return az.from_dict(
             **groups, coords=coords, dims={**(dims or {}), "elbo": ["step"]}

@@ -186,6 +186,7 @@ def factor_log_density(
     elementwise: bool = False,
     split_jacobian: bool = False,
     subsample: Any = None,
+    per_site: bool = False,
 ) -> Callable[[Mapping[str, Any], Mapping[str, Any]], jax.Array]:
     """``log f(values, params)``: one factor's log density summed over its plates.
 
@@ -207,6 +208,9 @@ def factor_log_density(
     With a ``subsample`` plate (stochastic VI), ``indices`` (length M) re-run
     the model on those rows of the plate only, and the result is their
     *unscaled* log density (numpyro's N / M scale of the plate divided out).
+    With ``per_site``, a factor joining several sites (a loop chain's steps)
+    gives a tuple, one result per site (the Jacobian in the first), for the
+    symbolic analysis to read apart.
     """
     node = graph.factors[factor]
     own = owner(graph, factor)
@@ -233,7 +237,23 @@ def factor_log_density(
             if name == own:
                 jacobian = jnp.sum(transform.log_abs_det_jacobian(value, constrained[name]))
         plate_indices = None if indices is None else {subsample.name: indices}
-        site = replay(graph, constrained, params, plate_indices, data=data)[factor]
+        replayed = replay(graph, constrained, params, plate_indices, data=data)
+        # A factor joining a loop chain's steps sums its sites' log densities.
+        log_probs = [_site_log_density(replayed[site], indices) for site in node.site_names]
+        if split_jacobian:
+            flat = jnp.concatenate([jnp.ravel(lp) for lp in log_probs])
+            return flat, jnp.asarray(jacobian, jnp.result_type(flat))
+        if elementwise:
+            return jnp.concatenate([jnp.ravel(lp) for lp in log_probs])
+        if observation_plate is not None:
+            totals = [_per_position(lp, observation_plate) for lp in log_probs]
+        else:
+            totals = [jnp.sum(lp) for lp in log_probs]
+        if per_site and node.sites:
+            return (totals[0] + jacobian,) + tuple(totals[1:])
+        return sum(totals) + jacobian
+
+    def _site_log_density(site: Any, indices: Any) -> jax.Array:
         value = safe_observation(site)
         fn = site.fn
         while imputed and isinstance(fn, dist.MaskedDistribution):
@@ -248,15 +268,11 @@ def factor_log_density(
             log_prob = log_prob * site.scale
         if indices is not None:  # the minibatch's unscaled sum: numpyro scaled it by N / M
             log_prob = log_prob * (jnp.shape(indices)[0] / subsample.size)
-        if split_jacobian:
-            return jnp.ravel(log_prob), jnp.asarray(jacobian, jnp.result_type(log_prob))
-        if elementwise:
-            return jnp.ravel(log_prob)
-        if observation_plate is not None:
-            axis = jnp.ndim(log_prob) + observation_plate.dim
-            log_prob = jnp.moveaxis(log_prob, axis, 0)
-            return jnp.sum(jnp.reshape(log_prob, (log_prob.shape[0], -1)), axis=1) + jacobian
-        return jnp.sum(log_prob) + jacobian
+        return log_prob
+
+    def _per_position(log_prob: jax.Array, plate: Any) -> jax.Array:
+        log_prob = jnp.moveaxis(log_prob, jnp.ndim(log_prob) + plate.dim, 0)
+        return jnp.sum(jnp.reshape(log_prob, (log_prob.shape[0], -1)), axis=1)
 
     return log_factor
 

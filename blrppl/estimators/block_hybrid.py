@@ -147,7 +147,7 @@ def _conditional(graph, factor, block, examples, pieces, held, rest, held_index,
     rest_q = variable_q(split.variables[rest_name], split.plates)
     fixed = {k: x for k, x in examples.items() if k != block}
     fixed.update({s: example_values[s] for s in pieces if s not in held and s not in rest})
-    log_factor = factor_log_density(split, factor, {rest_name: rest_q.transform}, fixed)
+    log_factor = factor_log_density(split, factor, {rest_name: rest_q.transform}, fixed, per_site=True)
     infos = {rest_name: var_info(rest_q)}
     infos.update({s: VarInfo(POINT, tuple(jnp.shape(example_values[s])), 0) for s in held})
     start_values = {rest_name: rest_q.transform.inv(example_values), **{s: example_values[s] for s in held}}

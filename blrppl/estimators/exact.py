@@ -49,7 +49,7 @@ def exact_estimator(
     points = tuple(p for p in node.param_neighbours if p in param_examples)
     transforms = {v: q.transform for v, q in qs.items() if q.transform is not None}
     fixed = {k: v for k, v in examples.items() if k not in neighbours}
-    log_factor = factor_log_density(graph, factor, transforms, fixed, observation_plate=observation_plate)
+    log_factor = factor_log_density(graph, factor, transforms, fixed, observation_plate=observation_plate, per_site=True)
     infos = {v: var_info(qs[v]) for v in neighbours}
     for p in points:
         infos[p] = VarInfo(POINT, tuple(jax.numpy.shape(param_examples[p])), 0)

@@ -65,7 +65,7 @@ def hybrid_estimator(
     points = tuple(p for p in node.param_neighbours if p in param_examples)
     transforms = {v: q.transform for v, q in qs.items() if q.transform is not None and v not in uncertain}
     fixed = {k: x for k, x in examples.items() if k not in node.neighbours}
-    log_factor = factor_log_density(graph, factor, transforms, fixed)
+    log_factor = factor_log_density(graph, factor, transforms, fixed, per_site=True)
     held = {u: _constrain(qs[u], examples[u]) for u in uncertain}
     infos = {v: var_info(qs[v]) for v in conjugate}
     infos.update({u: VarInfo(POINT, tuple(jax.numpy.shape(held[u])), 0) for u in uncertain})

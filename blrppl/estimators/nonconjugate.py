@@ -492,7 +492,7 @@ def mvn_likelihood_parts(graph, factor, qs, transforms, fixed, gaussians) -> Opt
     when the factor is not one observed MultivariateNormal event with a
     covariance (or scale_tril) argument, unmasked and unscaled.
     """
-    if owner(graph, factor) is not None:
+    if owner(graph, factor) is not None or graph.factors[factor].sites:
         return None
     names = tuple(sorted(gaussians))
     shapes = [tuple(qs[v].shape) for v in names]

@@ -147,6 +147,12 @@ class FactorNode:
             N / M of subsampled plates), or None for 1.
         mask: the site's mask (from ``.mask()`` or ``obs_mask``), or None.
         edges: variable name -> :class:`Edge` (the conjugacy slot).
+        sites: for the steps of a Python-loop chain joined into one factor
+            (one factor per kind of step, as a ``scan`` gives), the numpyro
+            sites whose log densities it sums, in order; empty for a factor of
+            one site. The factor is named after its first site; then
+            ``distribution`` is the first site's, and ``value`` and ``mask``
+            stack the sites' along a new leading (time) axis.
     """
 
     name: str
@@ -160,6 +166,12 @@ class FactorNode:
     scale: Any
     mask: Any
     edges: dict[str, Edge]
+    sites: tuple[str, ...] = ()
+
+    @property
+    def site_names(self) -> tuple[str, ...]:
+        """The numpyro sites whose log densities make the factor."""
+        return self.sites or (self.name,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +211,13 @@ class FactorGraph:
     model_args: tuple
     model_kwargs: dict
     site_values: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    def factor_of(self, site: str) -> Optional[FactorNode]:
+        """The factor holding a sample site's log density (a joined loop factor holds several)."""
+        node = self.factors.get(site)
+        if node is not None and site in node.site_names:
+            return node
+        return next((f for f in self.factors.values() if site in f.sites), None)
 
     @property
     def data(self) -> Any:

@@ -30,7 +30,7 @@ All validation happens here, in Python, before anything is jit-compiled.
 
 from __future__ import annotations
 
-import warnings
+import dataclasses
 from typing import Any, Callable, Mapping, Optional
 
 import jax
@@ -143,10 +143,10 @@ def build_graph(
     )
     in_scan_chains = frozenset(site for info, _ in joined.values() for site in info.sites)
     loops = _chains.markov_chains(tr, latents, chain_families, latent_deps, in_scan_chains)
-    _warn_long_loops(loops)
     joined.update(loops)
     variables, var_of = _variables(tr, latents, choices, joined, families)
     factors = _factors(tr, latents, observed, params, var_of, value_deps, dist_deps)
+    factors = _join_loop_steps(factors, frozenset(loops))
     deterministics = {
         n: DeterministicNode(
             name=n,
@@ -177,27 +177,6 @@ def build_graph(
         model_kwargs=model_kwargs,
         site_values={n: s["value"] for n, s in tr.items() if s["type"] == "sample"},
     )
-
-
-LONG_LOOP = 40
-"""Python-loop chains longer than this get a :class:`LongLoopWarning` (their cost grows as T^2)."""
-
-
-class LongLoopWarning(UserWarning):
-    """A chain written as a long Python loop: planning and compiling grow with its length squared."""
-
-
-def _warn_long_loops(loops: Mapping[str, Any]) -> None:
-    for first, (info, _) in loops.items():
-        if len(info.sites) > LONG_LOOP:
-            warnings.warn(
-                f"site {first!r}: a chain written as a Python loop of {len(info.sites)} sites; each step is "
-                "its own factor, so planning and compiling grow with the length squared (measured on 2 CPU "
-                "cores: 25 steps take 5 s to plan and 37 s to compile and fit, 100 steps 100 s to plan); "
-                "write the chain with numpyro.contrib.control_flow.scan, which costs the same at any length.",
-                LongLoopWarning,
-                stacklevel=3,
-            )
 
 
 def _maybe_chain(site: Mapping[str, Any]) -> bool:
@@ -460,3 +439,67 @@ def _factors(
             edges={v: Edge() for v in neighbours},
         )
     return factors
+
+
+def _step_kind(node: FactorNode) -> Optional[tuple]:
+    """What makes per-step factors of a loop chain one kind (None: keep the factor alone)."""
+    fn = node.distribution
+    scale = node.scale
+    if scale is not None and np.ndim(scale) != 0:
+        return None
+    layers = []
+    while fn is not None:
+        layers.append(type(fn))
+        fn = getattr(fn, "base_dist", None)
+    return (
+        node.kind,
+        tuple(layers),
+        tuple(node.distribution.batch_shape),
+        tuple(node.distribution.event_shape),
+        None if node.value is None else np.shape(node.value),
+        node.neighbours,
+        node.param_neighbours,
+        node.plates,
+        None if scale is None else float(scale),
+        node.mask is None,
+    )
+
+
+def _join_loop_steps(factors: dict[str, FactorNode], chains: frozenset) -> dict[str, FactorNode]:
+    """The per-step factors of Python-loop chains, joined into one factor per kind of step.
+
+    A chain written as a loop gives one prior and one likelihood site per step;
+    as separate factors, each would replay the model and carry site parameters
+    the size of the whole chain (cost T^2). Factors that touch a loop chain and
+    are alike (same kind, distribution type and shapes, neighbours, plates and
+    scale) become one factor summing their sites' log densities, as a ``scan``
+    chain has one factor per site.
+    """
+    groups: dict[tuple, list[str]] = {}
+    for name, node in factors.items():
+        if not chains & set(node.neighbours):
+            continue
+        kind = _step_kind(node)
+        if kind is not None:
+            groups.setdefault(kind, []).append(name)
+    joined = {members[0]: members for members in groups.values() if len(members) > 1}
+    absorbed = {m for members in joined.values() for m in members[1:]}
+    out: dict[str, FactorNode] = {}
+    for name, node in factors.items():
+        if name in absorbed:
+            continue
+        members = joined.get(name)
+        if members is None:
+            out[name] = node
+            continue
+        nodes = [factors[m] for m in members]
+        batch = tuple(node.distribution.batch_shape)
+        out[name] = dataclasses.replace(
+            node,
+            sites=tuple(members),
+            value=None if node.value is None else np.stack([n.value for n in nodes]),
+            mask=None
+            if node.mask is None
+            else np.stack([np.broadcast_to(np.asarray(n.mask, bool), batch) for n in nodes]),
+        )
+    return out

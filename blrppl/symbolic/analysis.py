@@ -9,9 +9,11 @@ import numpy as np
 
 from blrppl.graph import tape
 from blrppl.graph.data import DATA_ERRORS
+from blrppl.symbolic import algebra
 from blrppl.symbolic.compiled import Analysis
 from blrppl.symbolic.interpret import Interpreter
 from blrppl.symbolic.resolve import resolve
+from blrppl.symbolic.stacking import stack_terms
 from blrppl.symbolic.statistics import BERNOULLI, CATEGORICAL, VarInfo, is_index_kind
 from blrppl.symbolic.terms import Index, Labels, NonConjugate, Poly, Term, VarAtom, constant, variable
 from blrppl.symbolic.values import categorical_variable
@@ -28,7 +30,8 @@ def analyse(
     Args:
       log_factor: a pure function from a dict of latent values to a scalar
         (the factor's log density summed over its plates), or to a vector over
-        the observations of one subsampled plate (summed over the rest).
+        the observations of one subsampled plate (summed over the rest), or
+        to a tuple of such (one per site of a joined factor), summed.
       example_values: values with the right shapes and dtypes (e.g. a draw
         from the prior); only their shapes matter.
       infos: for every key of ``example_values``, its q (family kind and the
@@ -74,13 +77,13 @@ def analyse(
         else:
             args.append(variable(name, shape, space))
     interpreter = Interpreter(space, categorical)
-    (out,) = interpreter.run(closed, args + list(data or ()))
-    if not isinstance(out, Poly):
-        out = tape.asarray(out, float)
-        if out.ndim == 0:
-            out = Poly((), (), (Term(tape.scalar(out)),))
-        else:
-            out = constant(out, space)
+    outs = [_as_poly(out, space) for out in interpreter.run(closed, args + list(data or ()))]
+    out = outs[0]
+    for more in outs[1:]:
+        # Several outputs (the sites of a joined loop factor) are summed. Each one's
+        # enumeration selectors go into its own terms first: a read of z_3 in one site's
+        # density does not multiply another site's terms (as one sum would make it).
+        out = algebra.add(algebra.push_selectors(out), algebra.push_selectors(more), space)
     if len(out.shape) > 1:
         raise ValueError("log_factor must return a scalar or a vector over observations")
     if binary:
@@ -94,7 +97,18 @@ def analyse(
             a.var == name and a.kind == "cat" for t in out.terms for a in t.atoms
         ):
             raise NonConjugate(name, f"the categorical {name!r} is used as a number, not as an index")
-    return resolve(out, infos, space)
+    analysis = resolve(out, infos, space)
+    return stack_terms(analysis, space) if len(outs) > 1 else analysis
+
+
+def _as_poly(out, space: Labels) -> Poly:
+    """One output of the interpreter as a Poly (a constant output is a constant Poly)."""
+    if isinstance(out, Poly):
+        return out
+    out = tape.asarray(out, float)
+    if out.ndim == 0:
+        return Poly((), (), (Term(tape.scalar(out)),))
+    return constant(out, space)
 
 
 def _binary_as_indicator(poly: Poly, binary: set) -> Poly:

@@ -229,15 +229,13 @@ def test_em_is_baum_welch_over_all_sequences(rng_key):
         np.testing.assert_allclose(state.params["sigma"], sigma, rtol=1e-8)
 
 
-LOOP_LENGTH = 16  # a loop's trace replays the model once per site: cost grows as the square of its length
+LOOP_LENGTH = MAX_LENGTH  # the loop's steps are one factor per kind: it costs what the scan costs
 
 
 def loop_data():
-    """The first LOOP_LENGTH steps of hmm_data's sequences, cut to 8..16 steps."""
-    y, _, lengths = hmm_data(unequal=True)
-    lengths = 8 + lengths % 9
-    mask = np.arange(LOOP_LENGTH)[:, None] < lengths[None, :]
-    return np.where(mask, y[:LOOP_LENGTH], np.nan), mask, lengths
+    """hmm_data's 20 sequences of unequal lengths (up to 50 steps), NaN past each end."""
+    y, mask, lengths = hmm_data(unequal=True)
+    return np.where(mask, y, np.nan), mask, lengths
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +266,7 @@ def test_a_loop_chain_equals_the_scan_form(model, loop_reference):
 
 
 LEVEL_SD, OBS_SD, START_SD = 0.6, 0.9, 3.0
-NUM_SERIES, SERIES_LENGTH = 5, 16  # short: the loop form replays the model once per site
+NUM_SERIES, SERIES_LENGTH = 5, 40
 
 
 def series_data():
@@ -396,11 +394,17 @@ def test_em_with_the_initial_state_inside_the_scan_reaches_the_mle(rng_key):
     np.testing.assert_allclose(fit.elbo[-1], in_scan_loglik(fit.params["obs_var"], fit.params["level_var"]), rtol=1e-8)
 
 
-def test_a_long_loop_chain_warns_about_its_cost():
-    from blrppl.graph.trace import LONG_LOOP, LongLoopWarning, build_graph
+def test_a_loop_chain_costs_what_a_scan_costs():
+    """A longer loop adds no factors and no analysis terms: its steps are one factor per kind, stacked."""
     from models import hmm_markov
 
-    args, kwargs = hmm_markov.data(num_sequences=2, num_steps=LONG_LOOP + 1)
-    with pytest.warns(LongLoopWarning, match="numpyro.contrib.control_flow.scan"):
-        graph = build_graph(hmm_markov.model, args, kwargs)
-    assert graph.variables["z_0"].chain is not None
+    sizes = {}
+    for steps in (4, 41):
+        args, kwargs = hmm_markov.data(num_sequences=2, num_steps=steps)
+        plan = blrppl.VMP(hmm_markov.model).plan(*args, **kwargs)
+        assert plan.graph.variables["z_0"].chain.length == steps + 1
+        assert plan.graph.factors["y_0"].sites == tuple(f"y_{t}" for t in range(steps))
+        terms = {f: len(a.terms) for f, a in plan.arrays.factors.items() if hasattr(a, "terms")}
+        sizes[steps] = (list(plan.graph.factors), terms)
+    assert sizes[4] == sizes[41]
+    assert sizes[41][0] == ["trans", "mu", "tau", "z_0", "z_1", "y_0"]

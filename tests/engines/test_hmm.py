@@ -291,6 +291,11 @@ def test_a_chain_written_as_a_python_loop_is_one_chain(rng_key):
     np.testing.assert_allclose(loop.elbo[-1], evidence, rtol=1e-12)
     draws = loop.sample(rng_key, 3)
     assert draws["z_0"].shape == (3,) and draws["z_3"].shape == (3,)  # shaped like the model's sites
+    # The emissions are one factor; ArviZ still gets one observed site per step.
+    assert loop.graph.factors["y_0"].sites == tuple(f"y_{t}" for t in range(6))
+    idata = loop.to_arviz()
+    assert sorted(idata.observed_data.data_vars) == sorted(idata.log_likelihood.data_vars) == [f"y_{t}" for t in range(6)]
+    np.testing.assert_allclose(idata.observed_data["y_4"], y[4])
 
 
 def several_sequences(y=None):

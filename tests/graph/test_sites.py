@@ -219,7 +219,11 @@ def test_markov_loop_is_joined_into_one_chain():
     chain = fg.variables["x_0"].chain
     assert chain.kind == "markov" and chain.sites == ("x_0", "x_1", "x_2") and chain.length == 3
     assert fg.variables["x_0"].family == "ChainCategorical" and fg.variables["x_0"].shape == (3,)
-    assert fg.factors["x_2"].neighbours == ("x_0", "trans")
+    # The steps' priors and likelihoods are one factor each, as a scan would give.
+    assert list(fg.factors) == ["trans", "x_0", "y_0"]
+    assert fg.factors["x_0"].sites == ("x_0", "x_1", "x_2") and fg.factors["x_0"].neighbours == ("x_0", "trans")
+    assert fg.factors["y_0"].sites == ("y_0", "y_1", "y_2") and fg.factors["y_0"].value.shape == (3,)
+    assert fg.factor_of("y_2") is fg.factors["y_0"]
     # Two linked sites are not a chain: they keep one node each.
     fg = blrppl.trace(model, jnp.zeros(2))
     assert list(fg.variables) == ["trans", "x_0", "x_1"]

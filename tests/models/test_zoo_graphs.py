@@ -149,8 +149,9 @@ EXPECTED = {
             "mu": ("prior", ("mu",), ("K",)),
             "tau": ("prior", ("tau",), ("K",)),
             "z_0": ("prior", ("z_0",), ("sequences",)),
-            **{f"z_{t + 1}": ("prior", ("z_0", "trans"), ("sequences",)) for t in range(10)},
-            **{f"y_{t}": ("likelihood", ("mu", "tau", "z_0"), ("sequences",)) for t in range(10)},
+            # The loop's steps: one factor per kind of step (sites z_1..z_10 and y_0..y_9).
+            "z_1": ("prior", ("z_0", "trans"), ("sequences",)),
+            "y_0": ("likelihood", ("mu", "tau", "z_0"), ("sequences",)),
         },
         plates={"K": (2, 2), "sequences": (5, 5)},
         chains={"z_0": (tuple(f"z_{t}" for t in range(11)), 11, "markov")},

@@ -99,3 +99,29 @@ def test_states_two_steps_apart_are_not_conjugate():
 
     with pytest.raises(NonConjugate, match="two or more steps apart"):
         site_parameters(log_factor, {"z": CHAIN, "A": TRANS}, mean)
+
+
+def test_one_output_per_step_is_stacked_and_equals_the_vectorised_factor():
+    """A loop's factor, analysed site by site (a tuple of outputs): the same expectation and site
+    parameters as the scan form, from one stacked term per kind instead of one per step."""
+    rs = np.random.RandomState(3)
+    y, mu = rs.randn(T), rs.randn(K)
+    mean = {"z": chain_mean(rs), "A": dirichlet(rs, (K,), K)}
+
+    def per_step(v):
+        steps = [C._categorical_probs(v["z"][t], v["A"][v["z"][t - 1]]) for t in range(1, T)]
+        emissions = [-0.5 * (y[t] - jnp.asarray(mu)[v["z"][t]]) ** 2 for t in range(T)]
+        return tuple(steps) + tuple(emissions)
+
+    def vectorised(v):
+        steps = jnp.sum(C._categorical_probs(v["z"][1:], v["A"][v["z"][:-1]]))
+        return steps + jnp.sum(-0.5 * (y - jnp.asarray(mu)[v["z"]]) ** 2)
+
+    infos = {"z": CHAIN, "A": TRANS}
+    examples = {"z": jnp.zeros((T,), jnp.int32), "A": jnp.full((K, K), 1.0 / K)}
+    stacked = analyse(per_step, examples, infos)
+    assert len(stacked.terms) == len(analyse(vectorised, examples, infos).terms)  # not one per step
+    value, grads = site_parameters(per_step, infos, mean)
+    expected_value_, expected_grads = site_parameters(vectorised, infos, mean)
+    np.testing.assert_allclose(value, expected_value_, rtol=1e-12)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14), grads, expected_grads)
