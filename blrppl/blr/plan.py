@@ -127,7 +127,11 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
                 f"{names or 'none'}; subsample one data plate (use VMP for full-data fits)."
             )
         plate = subsampled[0]
-        graph = build_graph(_full_data_model(model, plate), model_args, model_kwargs, families=config.families or None)
+        # All N rows: traced compiled, so that the model's own indexing does not copy the data.
+        graph = build_graph(
+            _full_data_model(model, plate), model_args, model_kwargs, families=config.families or None,
+            compiled_trace=True,
+        )
     elif subsampled:
         plate = subsampled[0]
         raise ModelError(

@@ -132,7 +132,9 @@ def record_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, A
     The plan is exactly what :func:`~blrppl.blr.plan.make_plan` returns.
     """
     data = split_model_data(model_args, model_kwargs)
-    if not data.arrays:
+    if not data.arrays or config.minibatch:
+        # A minibatch plan is never replayed (see _unsupported), and recording it would
+        # read its data into numpy: a copy, for arrays that JAX holds apart from numpy.
         return make_plan(model, model_args, model_kwargs, config), None
     try:
         with tape.recording(data.arrays) as rec, warnings.catch_warnings():

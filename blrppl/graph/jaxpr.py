@@ -20,7 +20,7 @@ that maps its inputs to its outputs one to one: :func:`inner_jaxpr`), the
 interpreter refuses it on a random value, naming it, and the
 linear-predictor search treats it as non-affine.
 
-This module imports nothing from blrppl but jax itself, so that any layer may
+This module imports nothing from blrppl but jax and numpy, so that any layer may
 use it.
 """
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
+import numpy as np
 from jax.extend import core as jex_core
 
 #: ``PrimitiveClass.data_args`` of a structural primitive whose every argument carries data.
@@ -289,6 +290,37 @@ def walk(
         for var, value in zip(eqn.outvars, outs):
             env[var] = value
     return [read(v) for v in jaxpr.outvars]
+
+
+def returns_operand(eqn: Any, indices: Any = None) -> bool:
+    """Whether ``eqn`` returns its first operand unchanged (so evaluating it only copies).
+
+    Two such equations: a ``broadcast_in_dim`` to the operand's own shape
+    (JAX ends advanced indexing with one), and a ``gather`` of every row in
+    order, ``x[arange(N)]`` (a minibatch model run on all N rows), whose
+    concrete index array is ``indices``.
+    """
+    name = eqn.primitive.name
+    if name not in ("broadcast_in_dim", "gather"):
+        return False
+    operand, out = eqn.invars[0].aval, eqn.outvars[0].aval
+    shape = tuple(operand.shape)
+    if tuple(out.shape) != shape or out.dtype != operand.dtype or not shape:
+        return False
+    if name == "broadcast_in_dim":
+        return tuple(eqn.params["broadcast_dimensions"]) == tuple(range(len(shape))) and eqn.params.get("sharding") is None
+    dn = eqn.params["dimension_numbers"]
+    if (
+        tuple(dn.collapsed_slice_dims) != (0,)
+        or tuple(dn.start_index_map) != (0,)
+        or tuple(dn.offset_dims) != tuple(range(1, len(shape)))
+        or tuple(getattr(dn, "operand_batching_dims", ()))
+        or tuple(eqn.params["slice_sizes"]) != (1,) + shape[1:]
+        or indices is None
+    ):
+        return False
+    indices = np.asarray(indices)
+    return indices.shape == (shape[0], 1) and bool(np.array_equal(indices[:, 0], np.arange(shape[0])))
 
 
 def _variables(vars_: Sequence[Any]) -> list:

@@ -29,6 +29,7 @@ from numpyro.distributions.transforms import biject_to
 from blrppl.errors import site_error
 from blrppl.graph.capture import ConstructorCall, capturing_constructors, constructor_call
 from blrppl.graph.data import ModelData, split_model_data  # noqa: F401 - re-exported
+from blrppl.graph.jaxpr import call_body, open_jaxpr, returns_operand, walk
 from blrppl.graph.plates import site_plates
 
 if TYPE_CHECKING:
@@ -132,6 +133,91 @@ def run_model(
             with handlers.substitute(substitute_fn=substitute_fn):
                 model(*model_args, **model_kwargs)
     return ModelRun(trace, frozenset(fixed))
+
+
+def run_model_compiled(
+    model: Callable,
+    model_args: tuple,
+    model_kwargs: Mapping[str, Any],
+    data: Optional[Mapping[str, Any]] = None,
+    *,
+    placeholders: bool = False,
+    validate: bool = False,
+) -> ModelRun:
+    """:func:`run_model` with the model's array code run as one compiled program.
+
+    For data too large to copy: eager JAX runs each operation on its own, and
+    an eager ``X[idx]`` holds the gathered rows twice (JAX ends advanced
+    indexing with an identity ``broadcast_in_dim``, a copy when run eagerly),
+    so a model run at all N rows of a minibatch plate peaks at three times
+    its data. Compiled, they would still be a temporary of the program, so the
+    program skips the equations that return their operand unchanged
+    (:func:`_without_copies`). The model is traced once with its arrays as
+    arguments; the trace's traced leaves (site values, distribution
+    parameters) are the program's outputs and are put back into the trace,
+    whose distributions are rebuilt from their leaves (numpyro pytrees). What
+    cannot be (a leaf that is not an array, a distribution that is not a
+    pytree) falls back to :func:`run_model`.
+    """
+    model_data = split_model_data(model_args, dict(model_kwargs))
+    box: dict = {}
+
+    def traced(arrays: tuple) -> list:
+        args, kwargs = model_data.rebuild(arrays)
+        run = run_model(model, args, kwargs, data, placeholders=placeholders, validate=validate)
+        leaves, treedef = jax.tree_util.tree_flatten(run.trace)
+        positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.core.Tracer)]
+        box.update(leaves=leaves, treedef=treedef, positions=positions, fixed=run.user_fixed)
+        return [leaves[i] for i in positions]
+
+    try:
+        closed = jax.make_jaxpr(traced)(model_data.arrays)
+        outputs = jax.jit(_without_copies(closed))(*model_data.arrays)
+        leaves = list(box["leaves"])
+        for i, value in zip(box["positions"], outputs):
+            leaves[i] = value
+        trace = jax.tree_util.tree_unflatten(box["treedef"], leaves)
+    except Exception:  # noqa: BLE001 - the eager run says what is wrong, or works where this cannot
+        return run_model(model, model_args, model_kwargs, data, placeholders=placeholders, validate=validate)
+    return ModelRun(OrderedDict(trace), box["fixed"])
+
+
+MAX_FOLDED_INDICES = 1 << 26
+"""Index arrays (integer or boolean) up to this many elements are computed while tracing."""
+
+
+def _without_copies(closed: Any) -> Callable:
+    """A function evaluating ``closed`` without its equations that return their operand.
+
+    Index arithmetic that depends on no input (``iota``, index normalisation)
+    is computed while tracing, so that a gather at ``arange(N)`` is seen for
+    what it is (:func:`~blrppl.graph.jaxpr.returns_operand`) and skipped,
+    like a broadcast to the operand's own shape; call-like equations are
+    entered. Everything else is staged as it is.
+    """
+
+    def apply(eqn: Any, invals: list) -> list:
+        name = eqn.primitive.name
+        concrete = not any(isinstance(v, jax.core.Tracer) for v in invals) and not eqn.effects
+        if name == "gather" and not isinstance(invals[1], jax.core.Tracer) and returns_operand(eqn, invals[1]):
+            return [invals[0]]
+        if name == "broadcast_in_dim" and returns_operand(eqn):
+            return [invals[0]]
+        body = call_body(eqn)
+        if body is not None and not concrete:
+            return walk(*open_jaxpr(body), invals, apply)
+        params = eqn.primitive.get_bind_params(eqn.params)
+        indices = all(
+            jnp.issubdtype(v.aval.dtype, jnp.integer) or v.aval.dtype == jnp.bool_ for v in eqn.outvars
+        ) and sum(np.prod(v.aval.shape, dtype=np.int64) for v in eqn.outvars) <= MAX_FOLDED_INDICES
+        if concrete and indices:
+            with jax.ensure_compile_time_eval():
+                out = eqn.primitive.bind(*invals, **params)
+        else:
+            out = eqn.primitive.bind(*invals, **params)
+        return list(out) if eqn.primitive.multiple_results else [out]
+
+    return lambda *args: walk(closed.jaxpr, closed.consts, args, apply)
 
 
 def _refuse_improper(msg: Mapping[str, Any]) -> None:

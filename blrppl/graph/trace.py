@@ -60,7 +60,7 @@ from blrppl.graph.nodes import (
     VariableNode,
 )
 from blrppl.graph.plates import collect_plates, site_plates, subsample_indices
-from blrppl.graph.replay import effective_mask, effective_scale, run_model
+from blrppl.graph.replay import effective_mask, effective_scale, run_model, run_model_compiled
 from blrppl.graph.validate import validate_observations
 
 
@@ -70,6 +70,7 @@ def build_graph(
     model_kwargs: Optional[Mapping[str, Any]] = None,
     *,
     families: Optional[Mapping[str, str]] = None,
+    compiled_trace: bool = False,
 ) -> FactorGraph:
     """Trace ``model`` into its factor graph, with per-site q family overrides.
 
@@ -81,6 +82,9 @@ def build_graph(
         model_args: positional arguments of the model.
         model_kwargs: keyword arguments of the model.
         families: latent site (or chain variable) name -> q family name.
+        compiled_trace: run the model's first trace as one compiled program
+            (:func:`~blrppl.graph.replay.run_model_compiled`): for large data,
+            which eager JAX would copy; it costs a compilation.
 
     Raises:
         ModelError: naming the site, for observations whose shape is not the
@@ -93,7 +97,8 @@ def build_graph(
     model_args = tuple(model_args)
     model_kwargs = dict(model_kwargs or {})
     families = dict(families or {})
-    tr, user_fixed = run_model(model, model_args, model_kwargs, placeholders=True, validate=True)
+    run = run_model_compiled if compiled_trace else run_model
+    tr, user_fixed = run(model, model_args, model_kwargs, placeholders=True, validate=True)
 
     latents = [
         n

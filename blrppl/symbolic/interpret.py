@@ -34,6 +34,7 @@ from blrppl.graph.jaxpr import (
     live_equations,
     open_jaxpr,
     param,
+    returns_operand,
     structural_data_args,
     walk,
 )
@@ -89,6 +90,9 @@ class Interpreter:
     def _apply(self, eqn: Any, invals: list, used: list[bool]) -> list:
         prim = eqn.primitive
         if not any(is_symbolic(v) for v in invals):
+            same = _identity(eqn, invals)
+            if same is not None:
+                return [same]
             params = prim.get_bind_params(eqn.params)
             if any(tape.is_dual(v) for v in invals):  # data: computed and recorded (see blrppl.graph.tape)
                 return list(tape.lift(lambda *xs: tuple(_bind(prim, params, xs)), _replay_bind(prim, params), invals))
@@ -153,6 +157,17 @@ class Interpreter:
         if result is None:
             return np.zeros(out_shape)
         return categorical.merge_categorical(result, self.space)
+
+
+def _identity(eqn: Any, invals: list) -> Any:
+    """The operand itself where a constant equation returns it unchanged
+    (:func:`~blrppl.graph.jaxpr.returns_operand`), else None: evaluated, it
+    would copy the data (``X[idx]`` at every row, in a minibatch model
+    analysed on all N rows)."""
+    if eqn.primitive.name == "gather" and tape.is_dual(invals[1]):
+        return None
+    indices = invals[1] if eqn.primitive.name == "gather" else None
+    return invals[0] if returns_operand(eqn, indices) else None
 
 
 def _positions(eqn: Any, params: dict, args: list) -> np.ndarray:

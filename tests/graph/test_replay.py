@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+import pytest
 
 import blrppl
 from blrppl.graph import ReplayedSite, replay
@@ -111,3 +112,80 @@ def test_replay_of_a_discrete_chain():
     sites = replay(fg, {"z": z, "trans": jnp.full((2, 2), 0.5), "mu": jnp.zeros(2), "tau": jnp.ones(2)})
     assert int(sites["z0"].value) == 0
     np.testing.assert_array_equal(sites["z"].value, z[1:])
+
+
+def _minibatch_glm(X, y, groups):
+    beta = numpyro.sample("beta", dist.Normal(jnp.zeros(X.shape[1]), 1.0).to_event(1))
+    tau = numpyro.sample("tau", dist.Gamma(2.0, 1.0))
+    with numpyro.plate("N", X.shape[0], subsample_size=4) as idx:
+        u = numpyro.sample("u", dist.Normal(0.0, 1.0 / jnp.sqrt(tau)))
+        logits = X[idx] @ beta + u + jnp.take(groups, idx)
+        numpyro.sample("y", dist.Bernoulli(logits=logits).mask(y[idx] >= 0), obs=jnp.maximum(y[idx], 0))
+    numpyro.deterministic("norm", jnp.sum(beta**2))
+
+
+@pytest.mark.filterwarnings("ignore:subsample_size does not match")  # all 10 rows, as SVI's plan reads them
+def test_a_compiled_trace_is_the_eager_trace(monkeypatch):
+    """run_model_compiled (SVI's all-rows trace: no eager copies of the data) gives run_model's trace."""
+    import importlib
+
+    from blrppl.graph.replay import run_model, run_model_compiled
+
+    module = importlib.import_module("blrppl.graph.replay")
+    traced = []
+
+    def spy(model, model_args, *rest, **options):
+        traced.append(isinstance(model_args[0], jax.core.Tracer))
+        return run_model(model, model_args, *rest, **options)
+
+    monkeypatch.setattr(module, "run_model", spy)
+
+    rs = np.random.default_rng(0)
+    args = (jnp.asarray(rs.normal(size=(10, 3))), jnp.asarray([1.0, 0.0, -1.0] * 3 + [1.0]), jnp.arange(10.0))
+    data = {"N": jnp.arange(10)}
+    eager = run_model(_minibatch_glm, args, {}, data, placeholders=True, validate=True)
+    traced.clear()
+    compiled = run_model_compiled(_minibatch_glm, args, {}, data, placeholders=True, validate=True)
+    assert list(compiled.trace) == list(eager.trace) and compiled.user_fixed == eager.user_fixed
+    for name, site in eager.trace.items():
+        other = compiled.trace[name]
+        assert other["type"] == site["type"] and type(other.get("fn")) is type(site.get("fn"))
+        np.testing.assert_allclose(other["value"], site["value"], rtol=1e-12)
+        if site["type"] == "sample":
+            assert other["fn"].batch_shape == site["fn"].batch_shape
+            for a, b in zip(jax.tree.leaves(other["fn"]), jax.tree.leaves(site["fn"])):
+                np.testing.assert_allclose(a, b, rtol=1e-12)
+    assert not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(compiled.trace))
+    assert traced == [True], "the compiled trace fell back to the eager one"
+
+
+def test_the_compiled_trace_holds_no_copy_of_the_data():
+    """X[idx] at all N rows is skipped (it returns X), not gathered into a temporary of X's size."""
+    import importlib
+
+    from jax.extend import core as jex_core
+
+    from blrppl.blr.plan import _full_data_model
+    from blrppl.graph.nodes import Plate
+
+    module = importlib.import_module("blrppl.graph.replay")
+    X, y = jnp.ones((4000, 50)), jnp.zeros(4000)
+
+    def logistic(X, y):
+        beta = numpyro.sample("beta", dist.Normal(jnp.zeros(50), 1.0).to_event(1))
+        with numpyro.plate("N", X.shape[0], subsample_size=100) as idx:
+            numpyro.sample("y", dist.Bernoulli(logits=X[idx] @ beta), obs=y[idx])
+
+    full = _full_data_model(logistic, Plate("N", 4000, 100, -1))
+
+    def traced(X, y):
+        trace = module.run_model(full, (X, y), {}, placeholders=True).trace
+        return [leaf for leaf in jax.tree.leaves(trace) if isinstance(leaf, jax.core.Tracer)]
+
+    closed = jax.make_jaxpr(traced)(X, y)
+    plain = jax.jit(jex_core.jaxpr_as_fun(closed)).lower(X, y).compile().memory_analysis()
+    lean = jax.jit(module._without_copies(closed)).lower(X, y).compile().memory_analysis()
+    assert plain.temp_size_in_bytes >= X.nbytes  # the gathered copy
+    assert lean.temp_size_in_bytes < X.nbytes / 10
+    for a, b in zip(jax.jit(module._without_copies(closed))(X, y), jax.jit(jex_core.jaxpr_as_fun(closed))(X, y)):
+        np.testing.assert_array_equal(a, b)

@@ -56,3 +56,16 @@ def test_calls_are_entered(wrap):
     plain = expected_value(_analyse(lambda a: 2.0 * a - 1.0), _MEAN)
     wrapped = expected_value(_analyse(wrap(lambda a: 2.0 * a - 1.0)), _MEAN)
     np.testing.assert_allclose(wrapped, plain, rtol=1e-12)
+
+
+def test_reading_every_row_in_order_is_the_data_itself():
+    """X[arange(N)] (a minibatch model analysed on all rows) is not copied; other gathers are evaluated."""
+    from blrppl.symbolic.interpret import Interpreter
+    from blrppl.symbolic.terms import Labels
+
+    X = np.arange(12.0).reshape(6, 2)
+    closed = jax.make_jaxpr(lambda x, i: x[i])(X, np.arange(6))
+    for idx, copied in ((np.arange(6), False), (np.arange(6)[::-1], True), (np.array([0, 1, 2, 3, 4, 4]), True)):
+        (out,) = Interpreter(Labels(), {}).run(closed, [X, idx])
+        np.testing.assert_array_equal(out, X[idx])
+        assert np.shares_memory(out, X) is not copied
