@@ -224,9 +224,6 @@ def find_linear_predictor(
         (eta,) = flat.run(inputs(z, data), [eta_id], stop=position)
         return jnp.reshape(eta, (num_obs,))
 
-    def predictor(z: Array) -> Array:
-        return predict(z, None)
-
     def log_likelihood(eta: Array, data: Any = None) -> Array:
         def one(e: Array) -> Array:
             (out,) = flat.run(inputs(z0, data), [output], override={eta_id: jnp.reshape(e, eta_shape)})
@@ -236,27 +233,36 @@ def find_linear_predictor(
         flat_eta = jnp.reshape(eta, (-1, num_obs))
         return jnp.reshape(jax.vmap(one)(flat_eta), batch + (num_obs,))
 
-    design = jax.jacfwd(predictor)(z0)
-    offset = predictor(jnp.zeros_like(z0))
-    if not _checks_pass(lambda z: fn(z, data), predictor, log_likelihood, design, offset, z0, rtol):
+    # One compiled program each (data as arguments): run eagerly, every operation of the
+    # model at all N rows would compile a program of its own (seconds of a first call).
+    design, offset = jax.jit(lambda z, d: (jax.jacfwd(predict)(z, d), predict(jnp.zeros_like(z), d)))(z0, data)
+    if not _checks_pass(fn, predict, log_likelihood, design, offset, z0, data, num_obs, rtol):
         return None
     return LinearPredictor(design, offset, log_likelihood, predict)
 
 
-def _checks_pass(fn, predictor, log_likelihood, design, offset, z0, rtol) -> bool:
+def _checks_pass(fn, predict, log_likelihood, design, offset, z0, data, num_obs, rtol) -> bool:
     """Affinity of the predictor, η-substitution reproducing ``fn``, elementwise ℓ."""
     rng = np.random.default_rng(0)
     z1 = z0 + jnp.asarray(rng.normal(size=z0.shape), z0.dtype)
-    eta1 = predictor(z1)
-    if not np.allclose(eta1, design @ z1 + offset, rtol=rtol, atol=rtol):
+    tangent = jnp.asarray(rng.normal(size=(num_obs,)), design.dtype)
+
+    @jax.jit
+    def evaluate(z1, tangent, data, design, offset):
+        eta1 = predict(z1, data)
+        ell = lambda eta: log_likelihood(eta, data)  # noqa: E731
+        diagonal = jax.jvp(ell, (eta1,), (jnp.ones_like(eta1),))[1]
+        directional = jax.jvp(ell, (eta1,), (tangent.astype(eta1.dtype),))[1]
+        return eta1, design @ z1 + offset, ell(eta1), jnp.reshape(fn(z1, data), (-1,)), diagonal, directional
+
+    eta1, affine, substituted, value, diagonal, directional = jax.device_get(
+        evaluate(z1, tangent, data, design, offset)
+    )
+    if not np.allclose(eta1, affine, rtol=rtol, atol=rtol):
         return False
-    value = fn(z1)
-    if not np.allclose(log_likelihood(eta1), jnp.reshape(value, (-1,)), rtol=rtol, atol=rtol):
+    if not np.allclose(substituted, value, rtol=rtol, atol=rtol):
         return False
-    tangent = jnp.asarray(rng.normal(size=eta1.shape), eta1.dtype)
-    diagonal = jax.jvp(log_likelihood, (eta1,), (jnp.ones_like(eta1),))[1]
-    directional = jax.jvp(log_likelihood, (eta1,), (tangent,))[1]
-    scale = jnp.max(jnp.abs(diagonal)) + 1.0
-    return bool(jnp.all(jnp.isfinite(directional))) and bool(
-        jnp.max(jnp.abs(directional - diagonal * tangent)) <= rtol * scale
+    scale = np.max(np.abs(diagonal)) + 1.0
+    return bool(np.all(np.isfinite(directional))) and bool(
+        np.max(np.abs(directional - diagonal * np.asarray(tangent))) <= rtol * scale
     )
