@@ -127,10 +127,12 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
                 f"{names or 'none'}; subsample one data plate (use VMP for full-data fits)."
             )
         plate = subsampled[0]
-        # All N rows: traced compiled, so that the model's own indexing does not copy the data.
+        # All N rows: large data are traced compiled, so that the model's own indexing does not
+        # copy them (small data are traced eagerly: a compilation costs more than a copy).
+        size = sum(a.nbytes for a in graph.data.arrays)
         graph = build_graph(
             _full_data_model(model, plate), model_args, model_kwargs, families=config.families or None,
-            compiled_trace=True,
+            compiled_trace=size >= COMPILED_TRACE_BYTES,
         )
     elif subsampled:
         plate = subsampled[0]
@@ -360,6 +362,11 @@ def param_examples(graph: FactorGraph) -> tuple[dict, dict]:
         values[name] = jnp.asarray(node.init_value)
         transforms[name] = biject_to(node.constraint)
     return values, transforms
+
+
+COMPILED_TRACE_BYTES = 1 << 26
+"""Minibatch models whose data take this many bytes (64 MiB) or more are traced on all rows
+compiled (:func:`~blrppl.graph.replay.run_model_compiled`), not eagerly."""
 
 
 def _full_data_model(model: Callable, plate: Plate) -> Callable:

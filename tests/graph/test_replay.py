@@ -189,3 +189,28 @@ def test_the_compiled_trace_holds_no_copy_of_the_data():
     assert lean.temp_size_in_bytes < X.nbytes / 10
     for a, b in zip(jax.jit(module._without_copies(closed))(X, y), jax.jit(jex_core.jaxpr_as_fun(closed))(X, y)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_svi_traces_large_data_compiled_and_plans_the_same(monkeypatch):
+    import importlib
+
+    plan_module = importlib.import_module("blrppl.blr.plan")
+    trace_module = importlib.import_module("blrppl.graph.trace")
+    rs = np.random.default_rng(1)
+    args = (jnp.asarray(rs.normal(size=(40, 3))), jnp.asarray(rs.integers(0, 2, 40).astype(float)))
+
+    def logistic(X, y):
+        beta = numpyro.sample("beta", dist.Normal(jnp.zeros(3), 1.0).to_event(1))
+        with numpyro.plate("N", X.shape[0], subsample_size=8) as idx:
+            numpyro.sample("y", dist.Bernoulli(logits=X[idx] @ beta), obs=y[idx])
+
+    eager = blrppl.SVI(logistic, estimator="auto").plan(*args)
+    calls = []
+    compiled = trace_module.run_model_compiled
+    monkeypatch.setattr(trace_module, "run_model_compiled", lambda *a, **k: calls.append(1) or compiled(*a, **k))
+    monkeypatch.setattr(plan_module, "COMPILED_TRACE_BYTES", 0)  # these data count as large
+    large = blrppl.SVI(logistic, estimator="auto").plan(*args)
+    assert calls == [1]
+    assert [(e.factor, e.method) for e in large.estimators] == [(e.factor, e.method) for e in eager.estimators]
+    for a, b in zip(jax.tree.leaves(large.arrays), jax.tree.leaves(eager.arrays)):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
