@@ -106,6 +106,50 @@ def steady_climb(elbo: Any, stopped: bool) -> tuple[str, ...]:
 #: A Gaussian q whose precision passes this has collapsed to a point (on q's space).
 COLLAPSED_PRECISION = 1e16
 
+#: An ELBO that was once this many times (1 + |final ELBO|) above its final value is numerical noise.
+ERRATIC_RATIO = 1e3
+
+#: A Gaussian q on a support's unconstrained space centred this far out (a scale of e^-15 of
+#: its unit) has run off towards the boundary.
+RUNAWAY_LOC = 15.0
+
+
+def erratic(elbo: np.ndarray) -> bool:
+    """Whether the ELBO trace jumped far above where it ended (its terms cancel catastrophically).
+
+    A fit whose q collapsed evaluates the ELBO as differences of numbers near
+    1 / variance: their rounding, not the model, then sets its value, which
+    jumps by orders of magnitude from one step to the next. How far and
+    where depends on the rounding of the compiled arithmetic, so a
+    collapsed q with such a trace is a divergence whatever the final value.
+    """
+    finite = elbo[np.isfinite(elbo)]
+    if finite.size < 2:
+        return False
+    last = float(finite[-1])
+    return float(np.max(finite)) > last + ERRATIC_RATIO * (1.0 + abs(last))
+
+
+def runaway_sites(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> list[str]:
+    """Gaussian variables on a transformed support whose q is centred past ``RUNAWAY_LOC``."""
+    found = []
+    for v, q in qs.items():
+        if not q.family.gaussian or q.family.chain or q.transform is None:
+            continue
+        lam = natural[v]
+        if hasattr(lam, "x_sq"):
+            loc = lam.x / (-2.0 * lam.x_sq)
+        else:
+            precision = -(lam.xxT + np.swapaxes(lam.xxT, -1, -2))
+            try:
+                loc = np.linalg.solve(precision, lam.x[..., None])[..., 0]
+            except np.linalg.LinAlgError:
+                continue
+        with np.errstate(all="ignore"):
+            if bool(np.any(np.abs(loc) > RUNAWAY_LOC)):
+                found.append(v)
+    return found
+
 
 def collapsed_sites(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> list[str]:
     """Gaussian variables whose q collapsed (precision overflowing or not finite), scales first."""
@@ -140,8 +184,8 @@ def improper_posterior_error(qs: Mapping[str, Any], natural: Mapping[str, Any], 
     bound = 1e30 if collapsed else 1e100
     last = float(elbo[-1]) if elbo.size else 0.0  # a Python float: 1e100 overflows a float32 comparison
     grows = bool(elbo.size) and (last > bound)
-    if grows or (collapsed and not bool(np.all(np.isfinite(elbo)))):
-        site = collapsed[0] if collapsed else next(iter(qs))
+    if grows or (collapsed and (erratic(elbo) or not bool(np.all(np.isfinite(elbo))))):
+        site = (runaway_sites(qs, natural) + collapsed + list(qs))[0]
         return ModelError(
             f"site {site!r}: the ELBO grows without bound as q of {site!r} collapses to a point, so the "
             "posterior is improper (the likelihood is unbounded there: e.g. a scale with identical "

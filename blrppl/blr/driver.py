@@ -21,6 +21,7 @@ import tqdm.auto as tqdm
 
 from blrppl.blr.state import BLRState, InferenceAlgorithm
 from blrppl.blr.watchdog import block_until_ready
+from blrppl.compile_mode import SizeDependentJit, size_dependent_jit
 
 
 def init(algorithm: InferenceAlgorithm, rng_key: jax.Array, arrays: Any) -> BLRState:
@@ -40,7 +41,7 @@ def checked_init(
     return state, np.asarray(block_until_ready(valid))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+@size_dependent_jit(data_argnum=4, static_argnums=(0, 1, 2))
 def _init(algorithm, tests, lean, rng_key, arrays, stop):
     """The start, its tests, and ``stop`` where every test passed (else 0: no step);
     ``lean``: the state without λ (:func:`_lean`), which then is not made unless tested."""
@@ -255,9 +256,10 @@ def _chunk(algorithm, arrays, state, buffer, start, stop, previous, hits, thresh
     return jax.lax.while_loop(cond, body, (start, state, buffer, previous, hits))
 
 
-_run_chunk = jax.jit(_chunk, static_argnums=0)
+_run_chunk = SizeDependentJit(_chunk, data_argnum=1, static_argnums=0)
 """:func:`_chunk`, compiled once per algorithm (a static argument), whatever the chunk
-bounds, tolerance, number of steps or data (``arrays``, of fixed shapes)."""
+bounds, tolerance, number of steps or data (``arrays``, of fixed shapes); small data
+compile with cheap settings (:mod:`blrppl.compile_mode`)."""
 
 
 def init_restarts(
@@ -286,7 +288,7 @@ def init_with_restarts(
     return states, np.asarray(block_until_ready(valid))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+@size_dependent_jit(data_argnum=5, static_argnums=(0, 1, 2, 3))
 def _init_with_restarts(algorithm, random_algorithm, tests, num_restarts, rng_key, arrays):
     keys = jnp.stack([jax.random.fold_in(rng_key, c) for c in range(1, num_restarts)])
     stack = functools.partial(jax.tree.map, lambda a, b: jnp.concatenate([a[None], b]))
@@ -326,7 +328,7 @@ def _over_restarts(algorithm: InferenceAlgorithm, fn, in_axes, *xs):
     return jax.lax.map(one, mapped)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3))
+@size_dependent_jit(data_argnum=2, static_argnums=(0, 3))
 def _init_many(algorithm, rng_keys, arrays, batched_data):
     return _over_restarts(algorithm, algorithm.init, (0, 0 if batched_data else None), rng_keys, arrays)
 
@@ -393,7 +395,7 @@ def run_restarts(
     return states, jax.device_put(np.asarray(buffer)[:, :end]), jax.device_put(ends), jax.device_put(done)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 9))
+@size_dependent_jit(data_argnum=1, static_argnums=(0, 9))
 def _run_chunks(algorithm, arrays, states, buffers, start, stop, previous, hits, threshold, batched_data):
     """:func:`_run_chunk` vmapped over restarts (shared bounds and tolerance; data shared or batched)."""
 

@@ -44,6 +44,7 @@ from numpyro.distributions import constraints
 
 from blrppl.blr.config import Config
 from blrppl.blr.plan import Plan, make_plan
+from blrppl.compile_mode import SizeDependentJit
 from blrppl.estimators.base import example_latents
 from blrppl.graph import tape
 from blrppl.graph.data import ModelData, split_model_data
@@ -221,7 +222,7 @@ def _build(plan: Plan, rec: tape.Recording, leaves: list, treedef: Any, data: Mo
         factors = jax.tree_util.tree_unflatten(treedef, [c if c is not None else next(it) for c in constants])
         return plan.arrays._replace(factors=factors, data=tuple(arrays)), ok
 
-    fn = jax.jit(replan)
+    fn = SizeDependentJit(replan, data_argnum=0)
     compiled = fn.lower(tuple(data.arrays)).compile()
     return Replanner(plan, fn, compiled, treedef, tuple(constants), jax.jit(jax.vmap(full)))
 

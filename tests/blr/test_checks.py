@@ -1,4 +1,4 @@
-"""The steady-climb flag: an unfinished run whose ELBO still rises at an undiminished rate."""
+"""The steady-climb flag, and the error for a collapsed q whose ELBO is numerical noise."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,8 @@ import numpyro
 import numpyro.distributions as dist
 
 import blrppl
-from blrppl.blr.checks import steady_climb
+from blrppl.blr.checks import erratic, improper_posterior_error, steady_climb
+from blrppl.families import normal
 
 
 def test_a_linear_climb_is_flagged_and_a_geometric_convergence_is_not():
@@ -34,3 +35,21 @@ def test_a_converged_fit_carries_no_flag(rng_key):
     y = jax.random.normal(jax.random.key(1), (20,)) + 1.0
     result = blrppl.VMP(model).run(rng_key, 50, y=y, progress_bar=False)
     assert result.flags == () and jnp.isfinite(result.elbo[-1])
+
+
+def test_a_collapsed_q_with_an_erratic_elbo_is_an_improper_posterior():
+    """A collapsed fit's ELBO is rounding noise (it jumped to 1e8 and fell back): an error,
+    naming the scale that ran off towards zero, whatever the trace's final value."""
+    from types import SimpleNamespace
+
+    family = SimpleNamespace(gaussian=True, chain=False)
+    qs = {"mu": SimpleNamespace(family=family, transform=None), "sigma": SimpleNamespace(family=family, transform="log")}
+    natural = {
+        "mu": normal.NormalStats(x=np.array(2.0 * 5e23), x_sq=np.array(-0.5 * 5e23)),  # sd 1e-12
+        "sigma": normal.NormalStats(x=np.array(-26.0 * 2e7), x_sq=np.array(-0.5 * 2e7)),  # log sigma = -26
+    }
+    trace = np.array([-38.6, -38.0, 8.0e7, 1.3e8, -36.5, -36.0, 6.7e7, -34.1])
+    assert erratic(trace) and not erratic(-500.0 + 40.0 * (1.0 - 0.9 ** np.arange(50.0)))
+    error = improper_posterior_error(qs, natural, trace)
+    assert error is not None and "site 'sigma'" in str(error) and "improper" in str(error)
+    assert improper_posterior_error(qs, natural, -40.0 + 0.01 * np.arange(8.0)) is None  # smooth: a tiny sd is allowed
