@@ -22,6 +22,7 @@ from blrppl.saving import load
 from blrppl import sharding
 from blrppl.sharding import shard
 from blrppl.compilation_cache import enable_compilation_cache, enable_from_environment
+from blrppl.compile_mode import set_compile_mode
 
 enable_from_environment()
 
@@ -45,6 +46,7 @@ __all__ = [
     "choose",
     "shard",
     "enable_compilation_cache",
+    "set_compile_mode",
     "load",
     "trace",
 ]

@@ -13,7 +13,7 @@ from models import ZOO
 
 @pytest.fixture
 def restore_mode():
-    previous = compile_mode.compile_mode()
+    previous = compile_mode.set_compile_mode("auto")  # whatever BLRPPL_COMPILE_MODE says
     yield
     compile_mode.set_compile_mode(previous)
 
