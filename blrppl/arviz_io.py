@@ -35,7 +35,7 @@ finite restart (r-hat > 1.01 then flags restarts in different optima);
 from __future__ import annotations
 
 import warnings
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +44,7 @@ import numpy as np
 from blrppl.arviz_dims import DimNamer
 from blrppl.draws import compiled_for, draw, model_data
 from blrppl.graph.replay import replay
+from blrppl.compile_mode import jit_for
 
 #: Elements (draws x observations) a chunk of the log-likelihood computation holds.
 CHUNK_ELEMENTS = 1 << 22
@@ -113,7 +114,7 @@ def pointwise_log_likelihood(result: Any, latents: Mapping[str, Any], chunk_elem
                 return jax.tree.map(lambda x: x[None], pointwise({}, params, data))
             return jax.lax.map(lambda values: pointwise(values, params, data), latents, batch_size=batch)
 
-        return jax.jit(run)
+        return jit_for(result.plan.arrays, run)
 
     run = compiled_for(result.plan, ("log_likelihood", batch), build)
     return run(dict(latents), dict(result.state.params), model_data(result.plan))
@@ -133,21 +134,27 @@ def _check_log_likelihood_size(graph: Any, num_draws: int) -> None:
 
 def same_optimum(result: Any) -> list[int]:
     """Restarts whose q is within :data:`SAME_OPTIMUM_KL` of the best restart's q."""
+    r = result.restarts
+    stacked = r.state.natural if r.state.average is None else r.state.average
+    kls = np.asarray(_restart_kls(result.plan)(dict(stacked), r.best))
+    return [c for c in range(result.num_restarts) if bool(r.finite[c]) and (c == r.best or kls[c] <= SAME_OPTIMUM_KL)]
+
+
+def _restart_kls(plan: Any) -> Callable:
+    """``(stacked λ, best) -> KL(q_c || q_best)`` summed over variables, for every restart c,
+    in one compiled call (eagerly, each KL's operations would compile one by one)."""
+    from blrppl.draws import compiled_for
     from blrppl.families.base import kl_divergence
 
-    r = result.restarts
-    best = result.restart(r.best).natural_params
-    kept = []
-    for c in range(result.num_restarts):
-        if not bool(r.finite[c]):
-            continue
-        natural = result.restart(c).natural_params
-        kl = 0.0
-        for v, q in result.plan.qs.items():
-            kl += float(jnp.sum(kl_divergence(q.family, natural[v], best[v])))
-        if c == r.best or kl <= SAME_OPTIMUM_KL:
-            kept.append(c)
-    return kept
+    def kls(stacked, best):
+        total = 0.0
+        for v, q in plan.qs.items():
+            other = jax.tree.map(lambda a: a[best], stacked[v])
+            # lax.map, not vmap: a batched LAPACK call (a Wishart's Cholesky) can deadlock jaxlib 0.10
+            total = total + jax.lax.map(lambda lam: jnp.sum(kl_divergence(q.family, lam, other)), stacked[v])
+        return total
+
+    return compiled_for(plan, ("restart_kls",), lambda: jit_for(plan.arrays, kls))
 
 
 def chains_of(result: Any, restarts: str) -> list[int]:

@@ -20,7 +20,7 @@ settings on a CPU, ``"auto"`` (the default) chooses by size as above.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import jax
 import numpy as np
@@ -91,16 +91,34 @@ def _nbytes(leaf: Any) -> int:
     return int(nbytes) if nbytes is not None else np.asarray(leaf).nbytes
 
 
+def _top_level() -> bool:
+    """Whether a call now runs on its own, not inside another jit, vmap or grad trace
+    (compiler options belong to the outermost program: JAX refuses them on a nested jit)."""
+    from jax._src import core  # jax is pinned below 0.11
+
+    return core.trace_ctx.is_top_level()
+
+
 class SizeDependentJit:
     """``jax.jit(fun)`` compiled with ``FAST_CPU_OPTIONS`` or XLA's defaults by :func:`fast_compile`.
 
-    ``data_argnum`` names the argument whose size decides. Both variants are
-    ordinary ``jax.jit`` functions (each with its own cache), so a program is
-    compiled once per variant, static arguments and shapes.
+    ``data_argnum`` names the argument whose size decides (or ``fast`` fixes
+    the choice). Both variants are ordinary ``jax.jit`` functions (each with
+    its own cache), so a program is compiled once per variant, static
+    arguments and shapes. Called inside another trace, it is the plain
+    variant (its code becomes part of the outer program).
     """
 
-    def __init__(self, fun: Callable, data_argnum: int, static_argnums: Union[int, Sequence[int]] = ()):
+    def __init__(
+        self,
+        fun: Callable,
+        data_argnum: Optional[int] = None,
+        static_argnums: Union[int, Sequence[int]] = (),
+        *,
+        fast: Optional[bool] = None,
+    ):
         self.data_argnum = data_argnum
+        self.fixed = fast
         self.optimized = jax.jit(fun, static_argnums=static_argnums)
         self.fast = jax.jit(fun, static_argnums=static_argnums, compiler_options=FAST_CPU_OPTIONS)
         self.__wrapped__ = fun
@@ -108,13 +126,22 @@ class SizeDependentJit:
 
     def variant(self, *args: Any) -> Callable:
         """The jitted variant that ``args`` run with."""
-        return self.fast if fast_compile(args[self.data_argnum]) else self.optimized
+        if not _top_level():
+            return self.optimized
+        fast = self.fixed if self.fixed is not None else fast_compile(args[self.data_argnum])
+        return self.fast if fast else self.optimized
 
     def __call__(self, *args: Any) -> Any:
         return self.variant(*args)(*args)
 
     def lower(self, *args: Any) -> Any:
         return self.variant(*args).lower(*args)
+
+
+def jit_for(data: Any, fun: Callable) -> SizeDependentJit:
+    """``jax.jit(fun)`` with ``FAST_CPU_OPTIONS`` where :func:`fast_compile` says so for ``data``,
+    for programs built per plan (its samplers, its posterior): ``data`` is the plan's arrays."""
+    return SizeDependentJit(fun, fast=fast_compile(data))
 
 
 def size_dependent_jit(*, data_argnum: int, static_argnums: Union[int, Sequence[int]] = ()) -> Callable:

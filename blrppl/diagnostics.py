@@ -72,6 +72,7 @@ from numpyro.infer.util import log_density
 
 from blrppl.draws import compiled_family_draws, compiled_for
 from blrppl.graph.replay import split_latents
+from blrppl.compile_mode import jit_for
 
 #: k below this: q is good (Yao et al. 2018).
 GOOD = 0.5
@@ -197,7 +198,7 @@ def _importance_draws(
     draws = compiled_family_draws(plan, num_samples)(rng_key, natural)
     # One compiled function per plan: run eagerly, each of the model's
     # operations would compile on its own (seconds for a mixture on CPU).
-    run = compiled_for(plan, ("log_ratio",), lambda: jax.jit(_log_ratios(plan)))
+    run = compiled_for(plan, ("log_ratio",), lambda: jit_for(plan.arrays, _log_ratios(plan)))
     return run(draws, natural, dict(result.state.params))
 
 

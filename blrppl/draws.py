@@ -17,6 +17,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 
 from blrppl.graph.replay import replay, split_latents
+from blrppl.compile_mode import jit_for
 
 
 #: Compiled functions of recent plans (the plan kept alive with them, so its id is not reused).
@@ -88,7 +89,7 @@ def compiled_family_draws(plan: Any, num_samples: int) -> Callable:
     diagnostic, leave-one-out weights) shares it, so a q's sampler (a Gamma's
     rejection loop, a chain's backward pass) compiles once per fit.
     """
-    build = lambda: jax.jit(lambda key, natural: family_draws(plan, natural, key, num_samples))  # noqa: E731
+    build = lambda: jit_for(plan.arrays, lambda key, natural: family_draws(plan, natural, key, num_samples))  # noqa: E731
     return compiled_for(plan, ("family_draws", num_samples), build)
 
 
@@ -112,7 +113,7 @@ def draw(result: Any, rng_key: jax.Array, num_samples: int) -> Draws:
                 sites.update(jax.vmap(deterministic)(latents))
             return Draws(latents, sites)
 
-        return jax.jit(run)
+        return jit_for(plan.arrays, run)
 
     run = compiled_for(plan, ("draw",), build)
     family = compiled_family_draws(plan, num_samples)(rng_key, result.natural_params)

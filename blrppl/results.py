@@ -11,7 +11,7 @@ import numpyro.distributions as dist
 
 from blrppl.blr.state import BLRState
 from blrppl.graph.replay import split_latents
-from blrppl.posterior import block_marginals, q_distribution
+from blrppl.posterior import block_marginals, posterior_distributions, q_distribution
 
 
 class Restarts(NamedTuple):
@@ -192,14 +192,7 @@ class BLRResult(NamedTuple):
 
         A joint block contributes one marginal per site it joins.
         """
-        out = {}
-        natural = self.natural_params
-        for v, q in self.plan.qs.items():
-            if q.joint:
-                out.update(block_marginals(q, natural[v]))
-            else:
-                out[v] = q_distribution(q, natural[v])
-        return out
+        return posterior_distributions(self.plan, self.natural_params)
 
     def sample(self, rng_key: jax.Array, num_samples: int) -> dict:
         """Joint draws from q, shaped like the model's sites: site -> ``(num_samples, *site_shape)``.

@@ -57,3 +57,11 @@ def test_cheap_and_default_compilations_fit_the_same_posterior(restore_mode, nam
     np.testing.assert_allclose(fast.elbo[-1], optimized.elbo[-1], rtol=1e-10)
     for site, q in optimized.posterior.items():
         np.testing.assert_allclose(fast.posterior[site].mean, q.mean, rtol=1e-7, atol=1e-9, err_msg=site)
+
+
+def test_a_cheaply_compiled_function_can_be_called_inside_another_program():
+    """JAX refuses compiler options on a nested jit: inside a trace the plain variant runs."""
+    double = compile_mode.SizeDependentJit(lambda x: 2.0 * x, fast=True)
+    assert float(double(jnp.float32(1.5))) == 3.0
+    assert float(jax.jit(lambda x: double(x) + 1.0)(1.5)) == 4.0
+    assert np.allclose(jax.vmap(double)(jnp.arange(3.0)), [0.0, 2.0, 4.0])

@@ -402,22 +402,32 @@ class ChainCategoricalDistribution(dist.Distribution):
 
     @property
     def marginals(self):
-        return mean_params(self.natural).one_hot
+        return _compiled_mean_params(self.natural).one_hot
 
     @property
     def pair_marginals(self):
-        return mean_params(self.natural).pair
+        return _compiled_mean_params(self.natural).pair
 
     @property
     def mean(self):
-        marg = self.marginals
-        return marg @ jnp.arange(marg.shape[-1], dtype=marg.dtype)
+        return _value_moments(self.natural)[0]
 
     @property
     def variance(self):
-        marg = self.marginals
-        values = jnp.arange(marg.shape[-1], dtype=marg.dtype)
-        return marg @ values**2 - (marg @ values) ** 2
+        return _value_moments(self.natural)[1]
+
+
+# Compiled once per shape: eagerly, forward-backward would compile each of its operations.
+_compiled_mean_params = jax.jit(mean_params)
+
+
+@jax.jit
+def _value_moments(natural: ChainCategoricalStats) -> tuple[Array, Array]:
+    """Mean and variance of the integer value z_t per step."""
+    marg = mean_params(natural).one_hot
+    values = jnp.arange(marg.shape[-1], dtype=marg.dtype)
+    mean = marg @ values
+    return mean, marg @ values**2 - mean**2
 
 
 def to_numpyro(natural: ChainCategoricalStats) -> ChainCategoricalDistribution:
