@@ -36,6 +36,7 @@ import numpy as np
 from blrppl.blr.integrate.mode import LINE_SEARCH
 from blrppl.blr.watchdog import block_until_ready
 from blrppl.graph.jaxpr import map_batch
+from blrppl.compile_mode import size_dependent_jit
 
 #: Standardised reach of the first evaluations along each axis, and the most.
 FIRST_REACH = 8.0
@@ -140,12 +141,12 @@ def chunk_size(dim: int) -> int:
     return max(MIN_CHUNK, 1 << (points - 1).bit_length())
 
 
-@functools.partial(jax.jit, static_argnums=0)
+@size_dependent_jit(data_argnum=2, static_argnums=0)
 def _starts(conditional, u, arrays):
     return map_batch(lambda x: conditional.start(x, arrays), u)
 
 
-@functools.partial(jax.jit, static_argnums=0)
+@size_dependent_jit(data_argnum=2, static_argnums=0)
 def _steps(conditional, u, arrays, start):
     state, value, steps = map_batch(lambda x, s: conditional.fit(x, arrays, s), u, start)
     # The fits are deterministic: their key is not needed, and without it the states are plain
