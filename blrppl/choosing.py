@@ -210,12 +210,23 @@ def facts_of(model: Callable, args: tuple, kwargs: dict) -> Facts:
     """
     from blrppl.graph.trace import build_graph
 
-    graph = build_graph(model, args, kwargs)
-    subsampled = tuple(p for p in graph.plates.values() if p.subsampled)
-    if subsampled:  # planned by SVI itself (minibatch plans differ)
-        return Facts(graph, None, subsampled, tuple(graph.params), (), None, None, model, args, dict(kwargs))
-    plan = NonConjugateVI(model).plan(*args, **kwargs)
+    def minibatch_facts(graph):  # planned by SVI itself (minibatch plans differ)
+        subsampled = tuple(p for p in graph.plates.values() if p.subsampled)
+        if subsampled:
+            return Facts(graph, None, subsampled, tuple(graph.params), (), None, None, model, args, dict(kwargs))
+        return None
+
+    try:  # the plan traces the model once; a minibatch model may not plan here
+        plan = NonConjugateVI(model).plan(*args, **kwargs)
+    except ModelError:
+        facts = minibatch_facts(build_graph(model, args, kwargs))
+        if facts is None:
+            raise
+        return facts
     graph = plan.graph
+    facts = minibatch_facts(graph)
+    if facts is not None:
+        return facts
     nonconjugate = tuple(
         (f, v, edge.reason or "not analysed")
         for f, edges in plan.verdicts.items()

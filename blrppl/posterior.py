@@ -180,9 +180,9 @@ def posterior_distributions(plan: Any, natural: dict) -> dict:
     construction (every step checks them), and validating them eagerly
     compiles a program per check (2-3 s for a MultivariateNormal).
     """
-    from blrppl.compile_mode import fast_compile
+    from blrppl.compile_mode import ONE_SHOT_BYTES, fast_compile
 
-    key = (plan.signature, fast_compile(plan.arrays))
+    key = (plan.signature, fast_compile(plan.arrays, ONE_SHOT_BYTES))
     with numpyro.validation_enabled(False):
         build = _COMPILED_BUILDERS.get(key)
         if build is None:

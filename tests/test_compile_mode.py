@@ -65,3 +65,53 @@ def test_a_cheaply_compiled_function_can_be_called_inside_another_program():
     assert float(double(jnp.float32(1.5))) == 3.0
     assert float(jax.jit(lambda x: double(x) + 1.0)(1.5)) == 4.0
     assert np.allclose(jax.vmap(double)(jnp.arange(3.0)), [0.0, 2.0, 4.0])
+
+
+def test_one_shot_programs_compile_cheaply_up_to_a_larger_bound(restore_mode):
+    """A start runs once per fit: data up to ONE_SHOT_BYTES take the cheap options there."""
+    data = {"y": np.zeros(compile_mode.SMALL_DATA_BYTES // 4)}
+    assert not compile_mode.fast_compile(data)
+    assert compile_mode.fast_compile(data, compile_mode.ONE_SHOT_BYTES)
+    assert not compile_mode.fast_compile({"y": np.zeros(compile_mode.ONE_SHOT_BYTES // 8 + 1, np.float64)},
+                                         compile_mode.ONE_SHOT_BYTES)
+    start = (None, (), False, jax.random.key(0), data, np.zeros((), np.int32))
+    assert driver._init.variant(*start) is driver._init.fast
+    assert driver._run_chunk.variant(None, data) is driver._run_chunk.optimized
+
+
+def test_a_probe_is_one_compiled_program_and_falls_back_where_code_needs_values():
+    from tests.compiles import compilations
+
+    def many_ops(x):
+        return jnp.sum(jnp.exp(x) * jnp.log1p(x ** 2) - jnp.tanh(x) / 3.0 + jnp.cumsum(x))
+
+    x = np.linspace(0.1, 1.0, 7)
+    with compilations() as compiled:
+        value = compile_mode.probe(jax.grad(many_ops))(x)
+    assert len(compiled) == 1
+    np.testing.assert_allclose(value, jax.grad(many_ops)(x), rtol=1e-12)
+
+    def python_branch(x):  # control flow on a value: cannot be traced, runs eagerly
+        return x * 2.0 if float(jnp.sum(x)) > 0 else -x
+
+    np.testing.assert_allclose(compile_mode.probe(python_branch)(x), 2.0 * x)
+    assert float(jax.jit(lambda v: compile_mode.probe(jnp.sin)(v))(0.5)) == pytest.approx(np.sin(0.5))
+
+
+def test_structure_of_reads_a_result_without_running_it():
+    import numpyro.distributions as dist
+    from tests.compiles import compilations
+
+    def normal(loc):
+        return dist.MultivariateNormal(loc, precision_matrix=jnp.eye(3) * 2.0)
+
+    with compilations() as compiled:
+        d = compile_mode.structure_of(normal, np.ones(3))
+    assert not [m for m in compiled if "cholesky" in m or "triangular" in m]  # the factorisation never ran
+    assert isinstance(d, dist.MultivariateNormal) and d.event_shape == (3,)
+    assert isinstance(d.loc, jax.core.Tracer)
+
+    def concrete(loc):
+        return dist.Normal(loc, 1.0) if float(loc[0]) > 0 else dist.Laplace(loc, 1.0)
+
+    assert isinstance(compile_mode.structure_of(concrete, np.ones(3)), dist.Normal)

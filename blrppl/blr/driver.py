@@ -41,7 +41,7 @@ def checked_init(
     return state, np.asarray(block_until_ready(valid))
 
 
-@size_dependent_jit(data_argnum=4, static_argnums=(0, 1, 2))
+@size_dependent_jit(data_argnum=4, static_argnums=(0, 1, 2), one_shot=True)
 def _init(algorithm, tests, lean, rng_key, arrays, stop):
     """The start, its tests, and ``stop`` where every test passed (else 0: no step);
     ``lean``: the state without λ (:func:`_lean`), which then is not made unless tested."""
@@ -288,7 +288,7 @@ def init_with_restarts(
     return states, np.asarray(block_until_ready(valid))
 
 
-@size_dependent_jit(data_argnum=5, static_argnums=(0, 1, 2, 3))
+@size_dependent_jit(data_argnum=5, static_argnums=(0, 1, 2, 3), one_shot=True)
 def _init_with_restarts(algorithm, random_algorithm, tests, num_restarts, rng_key, arrays):
     keys = jnp.stack([jax.random.fold_in(rng_key, c) for c in range(1, num_restarts)])
     stack = functools.partial(jax.tree.map, lambda a, b: jnp.concatenate([a[None], b]))
@@ -328,7 +328,7 @@ def _over_restarts(algorithm: InferenceAlgorithm, fn, in_axes, *xs):
     return jax.lax.map(one, mapped)
 
 
-@size_dependent_jit(data_argnum=2, static_argnums=(0, 3))
+@size_dependent_jit(data_argnum=2, static_argnums=(0, 3), one_shot=True)
 def _init_many(algorithm, rng_keys, arrays, batched_data):
     return _over_restarts(algorithm, algorithm.init, (0, 0 if batched_data else None), rng_keys, arrays)
 

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 
+from blrppl.compile_mode import size_dependent_jit
 from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, PlanArrays, owner
 
@@ -185,7 +186,7 @@ def _gaussian_from_prior(q: Any, node: Any) -> Any:
     return _from_usual(q.family.from_usual, True, flat_loc, flat_var)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
+@size_dependent_jit(data_argnum=2, static_argnums=(0, 1), one_shot=True)
 def _from_usual(from_usual: Any, matrix: bool, loc: jax.Array, var: jax.Array) -> Any:
     """λ of the Gaussian with mean ``loc`` and variances ``var`` (diagonal ``covariance_matrix`` if ``matrix``)."""
     if not matrix:
@@ -281,7 +282,9 @@ def _kmeans(rng_key: jax.Array, points: jax.Array, num: int) -> jax.Array:
     centres = [points[jax.random.randint(keys[0], (), 0, size)]]
     for k in range(1, num):
         distance = jnp.min(jnp.stack([jnp.sum((points - c) ** 2, -1) for c in centres]), 0)
-        choice = jax.random.choice(keys[k], size, p=distance / jnp.sum(distance))
+        # D² sampling by Gumbel-max: random.choice(p=...) would cumsum N weights, which
+        # XLA:CPU compiles as a log N-level scan (seconds per k, and again per restart)
+        choice = jax.random.categorical(keys[k], jnp.log(distance))
         centres.append(points[choice])
 
     def lloyd(_, centres):

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 
+from blrppl.compile_mode import probe
 from blrppl.graph.nodes import FactorGraph
 from blrppl.graph.replay import join_chain, replay, run_model, safe_observation
 from blrppl.symbolic import canonical
@@ -280,12 +281,12 @@ def factor_log_density(
 def q_space_examples(
     examples: Mapping[str, Any], transforms: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """Example latent values mapped into q's space (inverse transforms)."""
-    out = {}
-    for name, value in examples.items():
-        transform = transforms.get(name)
-        out[name] = value if transform is None else transform.inv(value)
-    return out
+    """Example latent values mapped into q's space (inverse transforms, in one compiled call)."""
+    moved = [name for name in examples if transforms.get(name) is not None]
+    inverted = probe(lambda values: {name: transforms[name].inv(values[name]) for name in moved})(
+        {name: examples[name] for name in moved}
+    )
+    return {name: inverted.get(name, value) for name, value in examples.items()}
 
 
 def as_numpy_tree(tree: Any) -> Any:

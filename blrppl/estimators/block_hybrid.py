@@ -43,6 +43,7 @@ import numpy as np
 from jax.scipy.linalg import solve_triangular
 from numpyro.distributions.transforms import IdentityTransform
 
+from blrppl.compile_mode import probe
 from blrppl.estimators.base import FactorEstimator, Method, factor_log_density, var_info
 from blrppl.estimators.cubature import MAX_CUBATURE_DIM
 from blrppl.estimators.nonconjugate import refuse_minibatch
@@ -137,7 +138,7 @@ def _conditional(graph, factor, block, examples, pieces, held, rest, held_index,
     """E over u of the exact expectation over c | u (module docstring): ``(value_fn, analysis)``."""
     rest_index = np.concatenate([np.arange(pieces[s][3], pieces[s][3] + pieces[s][4]) for s in rest])
     members = {name: piece[0] for name, piece in pieces.items()}
-    example_values = graph.variables[block].transform(jnp.asarray(examples[block], float))
+    example_values = probe(graph.variables[block].transform)(np.asarray(examples[block], float))
     variables = {k: v for k, v in graph.variables.items() if k != block}
     variables.update(members)
     node = dataclasses.replace(graph.factors[factor], neighbours=tuple(rest) + tuple(held))
@@ -183,9 +184,9 @@ def _moments(stats: MVNStats):
 def _read_members(log_f, flat, pieces) -> list[str]:
     """The members whose coordinates the factor reads (gradient probes at two random points)."""
     rng = np.random.default_rng(0)
-    grad = jax.grad(log_f)
+    grad = probe(jax.grad(log_f))
     touched = np.zeros(flat.shape, bool)
     for _ in range(2):
-        probe = flat + jnp.asarray(0.3 * rng.normal(size=flat.shape), flat.dtype)
-        touched |= np.asarray(grad(probe)) != 0.0
+        point = (np.asarray(flat) + 0.3 * rng.normal(size=flat.shape)).astype(flat.dtype)
+        touched |= np.asarray(grad(point)) != 0.0
     return [s for s, (_, _, _, offset, size) in pieces.items() if touched[offset : offset + size].any()]

@@ -35,6 +35,7 @@ import numpy as np
 import numpyro.distributions as dist
 from numpyro.distributions.transforms import IdentityTransform
 
+from blrppl.compile_mode import structure_of
 from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, Method, factor_log_density, owner
 from blrppl.estimators.cubature import MAX_CUBATURE_DIM, cubature, mvn_value_grad_hessian
@@ -518,7 +519,7 @@ def mvn_likelihood_parts(graph, factor, qs, transforms, fixed, gaussians) -> Opt
             return replay(graph, values, params, data=data)[factor]
 
     examples = jnp.zeros(sum(sizes))
-    site = site_at(examples, {}, None)
+    site = structure_of(site_at, examples, {}, None)  # read for its distribution and arguments only
     call = site.call
     if not site.is_observed or site.mask is not None or site.scale is not None:
         return None
