@@ -282,9 +282,7 @@ def _kmeans(rng_key: jax.Array, points: jax.Array, num: int) -> jax.Array:
     centres = [points[jax.random.randint(keys[0], (), 0, size)]]
     for k in range(1, num):
         distance = jnp.min(jnp.stack([jnp.sum((points - c) ** 2, -1) for c in centres]), 0)
-        # D² sampling by Gumbel-max: random.choice(p=...) would cumsum N weights, which
-        # XLA:CPU compiles as a log N-level scan (seconds per k, and again per restart)
-        choice = jax.random.categorical(keys[k], jnp.log(distance))
+        choice = jax.random.choice(keys[k], size, p=distance / jnp.sum(distance))
         centres.append(points[choice])
 
     def lloyd(_, centres):
