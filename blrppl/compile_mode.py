@@ -9,8 +9,12 @@ costs milliseconds (a Kalman smoother over 100,000 steps, an HMM over
 10,000). So the driver's programs (start, step loop, restarts, compiled
 planner), ``Integrated``'s grid and q's samplers take the cheap settings
 when their data are small: at most ``SMALL_DATA_BYTES`` of arrays, on a CPU;
-larger data, and every accelerator, keep XLA's defaults. The choice depends
-only on the data's size and device, so a fit is reproducible bit for bit.
+larger data, and every accelerator, keep XLA's defaults. Programs that run
+once per fit (starts, the posterior's distributions) take the cheap settings
+up to ``ONE_SHOT_BYTES``. The choice depends only on the data's size and
+device, so a fit is reproducible bit for bit. Planning's evaluations of the
+model's code run as one program each (:func:`probe`) or not at all
+(:func:`structure_of`), not as one compiled program per ``jnp`` operation.
 The two compilations round differently (level 0 fuses no multiply-adds):
 converged fits agree to 1e-10, and checks must not rely on the rounding of
 a diverging fit (:func:`blrppl.blr.checks.erratic`).
