@@ -128,6 +128,7 @@ class SizeDependentJit:
         one_shot: bool = False,
     ):
         self.data_argnum = data_argnum
+        self.static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
         self.fixed = fast
         self.small_bytes = ONE_SHOT_BYTES if one_shot else SMALL_DATA_BYTES
         self.optimized = jax.jit(fun, static_argnums=static_argnums)
@@ -149,10 +150,11 @@ class SizeDependentJit:
         return self.variant(*args).lower(*args)
 
 
-def jit_for(data: Any, fun: Callable) -> SizeDependentJit:
+def jit_for(data: Any, fun: Callable, *, one_shot: bool = False) -> SizeDependentJit:
     """``jax.jit(fun)`` with ``FAST_CPU_OPTIONS`` where :func:`fast_compile` says so for ``data``,
-    for programs built per plan (its samplers, its posterior): ``data`` is the plan's arrays."""
-    return SizeDependentJit(fun, fast=fast_compile(data))
+    for programs built per plan (its samplers, its posterior): ``data`` is the plan's arrays;
+    ``one_shot``: a program run once per plan (bound ``ONE_SHOT_BYTES``)."""
+    return SizeDependentJit(fun, fast=fast_compile(data, ONE_SHOT_BYTES if one_shot else SMALL_DATA_BYTES))
 
 
 def probe(fun: Callable) -> Callable:

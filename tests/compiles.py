@@ -11,15 +11,23 @@ import jax
 
 @contextlib.contextmanager
 def compilations() -> Iterator[list]:
-    """Yield a list that fills with jax's "Compiling ..." messages issued inside the block."""
+    """Yield a list that fills with jax's "Compiling ..." messages issued inside the block,
+    in every thread (blrppl compiles some programs in threads: ``blrppl.blr.ahead``)."""
     messages: list = []
     handler = logging.Handler()
     handler.emit = lambda record: messages.append(record.getMessage())
     logger = logging.getLogger("jax")
     logger.addHandler(handler)
+    previous = jax.config.jax_log_compiles
+    jax.config.update("jax_log_compiles", True)  # a context manager would set it for this thread only
     try:
-        with jax.log_compiles(True):
-            yield messages
+        yield messages
     finally:
+        jax.config.update("jax_log_compiles", previous)
         logger.removeHandler(handler)
         messages[:] = [m for m in messages if m.startswith("Compiling")]
+
+
+def compiled_names(messages: list) -> list:
+    """The programs' names (``jit(_chunk)``) in :func:`compilations`' messages."""
+    return [m.split()[1] for m in messages]

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm.auto as tqdm
 
+from blrppl.blr.ahead import compile_side_by_side
 from blrppl.blr.state import BLRState, InferenceAlgorithm
 from blrppl.blr.watchdog import block_until_ready
 from blrppl.compile_mode import SizeDependentJit, size_dependent_jit
@@ -150,7 +151,16 @@ def checked_run(
       ``state`` is the start and ``elbo`` is empty).
     """
     num_steps = _check_steps(num_steps)
-    state, valid, stop = _init(algorithm, tests, algorithm.exact, rng_key, arrays, np.asarray(num_steps, np.int32))
+    init_args = (algorithm, tests, algorithm.exact, rng_key, arrays, np.asarray(num_steps, np.int32))
+    threshold, buffer, previous, hits = _loop_inputs(num_steps, tol)
+
+    def chunk_args(init_outputs):
+        state, _, stop = init_outputs
+        stop = np.asarray(num_steps, np.int32) if progress_bar else stop
+        return algorithm, arrays, _lean(algorithm, state), buffer, np.asarray(0, np.int32), stop, previous, hits, threshold
+
+    compile_side_by_side(_init, init_args, _run_chunk, chunk_args)
+    state, valid, stop = _init(*init_args)
     if progress_bar:
         valid = np.asarray(block_until_ready(valid))
         if not bool(np.all(valid)):
@@ -275,7 +285,7 @@ def init_restarts(
 
 def init_with_restarts(
     algorithm: InferenceAlgorithm, random_algorithm: InferenceAlgorithm, rng_key: jax.Array, num_restarts: int,
-    arrays: Any, tests: tuple,
+    arrays: Any, tests: tuple, loop: Optional[tuple[int, Optional[float]]] = None,
 ) -> tuple[BLRState, np.ndarray]:
     """The starts of ``num_restarts`` restarts, stacked, in one compiled call.
 
@@ -283,8 +293,20 @@ def init_with_restarts(
     c > 0 is ``random_algorithm.init(fold_in(rng_key, c))`` (see
     :mod:`blrppl.blr.restarts`). The second result says, on the host, whether
     restart 0's start passes each of ``tests`` (as :func:`checked_init`).
+    ``loop``: ``(num_steps, tol)`` of the :func:`run_restarts` that follows,
+    whose loop then compiles beside the starts (:mod:`blrppl.blr.ahead`).
     """
-    states, valid = _init_with_restarts(algorithm, random_algorithm, tests, num_restarts, rng_key, arrays)
+    init_args = (algorithm, random_algorithm, tests, num_restarts, rng_key, arrays)
+    if loop is not None:
+        threshold, buffer, previous, hits = _restart_loop_inputs(num_restarts, *loop)
+
+        def chunk_args(init_outputs):
+            states, _ = init_outputs
+            zero = np.asarray(0, np.int32)
+            return algorithm, arrays, states, buffer, zero, zero, previous, hits, threshold, False
+
+        compile_side_by_side(_init_with_restarts, init_args, _run_chunks, chunk_args)
+    states, valid = _init_with_restarts(*init_args)
     return states, np.asarray(block_until_ready(valid))
 
 
@@ -362,11 +384,7 @@ def run_restarts(
     """
     num_steps = _check_steps(num_steps)
     num_restarts = int(jnp.shape(jax.tree.leaves(init_states.step)[0])[0])
-    dtype = jnp.result_type(float)
-    threshold = np.asarray(-1.0 if tol is None else float(tol), dtype)  # host arrays: see run
-    buffer = np.full((num_restarts, _buffer_length(num_steps)), np.nan, dtype)
-    previous = np.full((num_restarts,), np.inf, dtype)
-    hits = np.zeros((num_restarts,), np.int32)
+    threshold, buffer, previous, hits = _restart_loop_inputs(num_restarts, num_steps, tol)
     states = init_states
     ends = np.zeros((num_restarts,), np.int32)
     done = np.zeros((num_restarts,), bool)
@@ -393,6 +411,15 @@ def run_restarts(
     if bar is not None:
         bar.close()
     return states, jax.device_put(np.asarray(buffer)[:, :end]), jax.device_put(ends), jax.device_put(done)
+
+
+def _restart_loop_inputs(num_restarts: int, num_steps: int, tol: Optional[float]) -> tuple:
+    """:func:`_loop_inputs` for ``num_restarts`` restarts (host arrays: see there)."""
+    threshold, buffer, previous, hits = _loop_inputs(num_steps, tol)
+    return (
+        threshold, np.tile(buffer, (num_restarts, 1)), np.full((num_restarts,), previous),
+        np.zeros((num_restarts,), hits.dtype),
+    )
 
 
 @size_dependent_jit(data_argnum=1, static_argnums=(0, 9))

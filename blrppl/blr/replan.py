@@ -42,6 +42,7 @@ import numpyro.distributions as dist
 from jax._src.lax import lax as lax_internal
 from numpyro.distributions import constraints
 
+from blrppl.blr.ahead import CompiledInBackground
 from blrppl.blr.config import Config
 from blrppl.blr.plan import Plan, make_plan
 from blrppl.compile_mode import SizeDependentJit
@@ -60,7 +61,8 @@ class Replanner(NamedTuple):
     Attributes:
       plan: the reference plan (planned on the host from the first data).
       replan: ``data arrays -> (factor leaves, ok)``, jitted (vmap-able).
-      compiled: ``replan`` compiled for the reference shapes.
+      compiled: ``replan`` compiled for the reference shapes (in a thread, while
+        the first fit runs: :class:`~blrppl.blr.ahead.CompiledInBackground`).
       treedef: the structure of ``plan.arrays.factors``.
       constants: per leaf of it, the reference value where it does not depend
         on the data, else None (the replayed value is used).
@@ -223,7 +225,7 @@ def _build(plan: Plan, rec: tape.Recording, leaves: list, treedef: Any, data: Mo
         return plan.arrays._replace(factors=factors, data=tuple(arrays)), ok
 
     fn = SizeDependentJit(replan, data_argnum=0)
-    compiled = fn.lower(tuple(data.arrays)).compile()
+    compiled = CompiledInBackground(fn.lower(tuple(data.arrays)))  # during the first fit
     return Replanner(plan, fn, compiled, treedef, tuple(constants), jax.jit(jax.vmap(full)))
 
 

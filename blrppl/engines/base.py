@@ -177,7 +177,8 @@ class Engine:
         algorithm = self.build(plan)
         if init_state is None:  # restart_keys(rng_key, C) inside one compiled call with the starts
             init_state, valid = driver.init_with_restarts(
-                algorithm, self.build(plan, random_starts=True), rng_key, num_restarts, plan.arrays, start_tests(plan.qs)
+                algorithm, self.build(plan, random_starts=True), rng_key, num_restarts, plan.arrays,
+                start_tests(plan.qs), loop=(num_steps, tol),
             )
             raise_invalid_start(plan.qs, valid)
         else:

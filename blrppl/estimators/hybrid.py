@@ -18,11 +18,12 @@ no sampling at all. Only the edges that are not conjugate are estimated.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 
+from blrppl.compile_mode import probe
 from blrppl.graph import tape
 from blrppl.estimators.base import FactorEstimator, Method, factor_log_density, owner, var_info
 from blrppl.estimators.cubature import MAX_CUBATURE_DIM
@@ -66,7 +67,7 @@ def hybrid_estimator(
     transforms = {v: q.transform for v, q in qs.items() if q.transform is not None and v not in uncertain}
     fixed = {k: x for k, x in examples.items() if k not in node.neighbours}
     log_factor = factor_log_density(graph, factor, transforms, fixed, per_site=True)
-    held = {u: _constrain(qs[u], examples[u]) for u in uncertain}
+    held = {u: _constrain(qs[u], examples[u], probe) for u in uncertain}
     infos = {v: var_info(qs[v]) for v in conjugate}
     infos.update({u: VarInfo(POINT, tuple(jax.numpy.shape(held[u])), 0) for u in uncertain})
     infos.update({p: VarInfo(POINT, tuple(jax.numpy.shape(param_examples[p])), 0) for p in points})
@@ -103,8 +104,10 @@ def hybrid_estimator(
     return FactorEstimator(factor, tuple(node.neighbours), Method(conjugate, uncertain, method), estimate, terms, terms)
 
 
-def _constrain(q: Any, value: Any) -> Any:
-    return value if q.transform is None else q.transform(value)
+def _constrain(q: Any, value: Any, run: Callable = lambda f: f) -> Any:
+    """``value`` on the site's constrained space (``run``: how ``q.transform`` is called,
+    :func:`~blrppl.compile_mode.probe` on the host)."""
+    return value if q.transform is None else run(q.transform)(value)
 
 
 def _auto(qs: Mapping[str, Any], uncertain: Sequence[str]) -> str:

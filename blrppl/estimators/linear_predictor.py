@@ -22,6 +22,7 @@ unusual model falls back to Monte Carlo instead of getting a wrong answer.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -31,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from blrppl._types import Array
+from blrppl.compile_mode import jit_for
 from blrppl.symbolic.host import evaluate
 from blrppl.graph.jaxpr import (
     BILINEAR,
@@ -235,7 +237,11 @@ def find_linear_predictor(
 
     # One compiled program each (data as arguments): run eagerly, every operation of the
     # model at all N rows would compile a program of its own (seconds of a first call).
-    design, offset = jax.jit(lambda z, d: (jax.jacfwd(predict)(z, d), predict(jnp.zeros_like(z), d)))(z0, data)
+    # They run once per plan, so they compile cheaply (logistic N = 100,000: 0.9 s less).
+    design_and_offset = jit_for(
+        data, lambda z, d: (jax.jacfwd(predict)(z, d), predict(jnp.zeros_like(z), d)), one_shot=True
+    )
+    design, offset = design_and_offset(z0, data)
     if not _checks_pass(fn, predict, log_likelihood, design, offset, z0, data, num_obs, rtol):
         return None
     return LinearPredictor(design, offset, log_likelihood, predict)
@@ -247,7 +253,7 @@ def _checks_pass(fn, predict, log_likelihood, design, offset, z0, data, num_obs,
     z1 = z0 + jnp.asarray(rng.normal(size=z0.shape), z0.dtype)
     tangent = jnp.asarray(rng.normal(size=(num_obs,)), design.dtype)
 
-    @jax.jit
+    @functools.partial(jit_for, data, one_shot=True)
     def evaluate(z1, tangent, data, design, offset):
         eta1 = predict(z1, data)
         ell = lambda eta: log_likelihood(eta, data)  # noqa: E731

@@ -95,7 +95,10 @@ class Interpreter:
                 return [same]
             params = prim.get_bind_params(eqn.params)
             if any(tape.is_dual(v) for v in invals):  # data: computed and recorded (see blrppl.graph.tape)
-                return list(tape.lift(lambda *xs: tuple(_bind(prim, params, xs)), _replay_bind(prim, params), invals))
+                host = lambda *xs: tuple(host_bind(eqn, params, xs) or _bind(prim, params, xs))  # noqa: E731
+                return list(tape.lift(host, _replay_bind(prim, params), invals))
+            if is_call(prim.name) and call_body(eqn) is not None:  # its equations one by one, mostly in numpy
+                return self.evaluate(*open_jaxpr(call_body(eqn)), invals)
             return host_bind(eqn, params, invals) or _bind(prim, params, invals)
         name = prim.name
         if is_call(name):

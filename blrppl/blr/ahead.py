@@ -1,0 +1,117 @@
+"""Compile a fit's two programs side by side, on two cores.
+
+A first call compiles the start (``driver._init``) and then the step loop
+(``driver._chunk``): on a CPU most of a small model's first call, one after
+the other. XLA compiles without holding Python's lock, so
+:func:`compile_side_by_side` compiles the first program in a thread while
+this thread traces, lowers and compiles the second, whose argument types are
+read from the first program's lowering (its outputs feed the second). Both
+programs land in ``jax.jit``'s own caches, and the calls that follow run
+them: the results are those of the plain calls, bit for bit (the same
+programs, compiled with the same options).
+
+Done once per signature; skipped where an argument is committed to a device
+(the outputs' placement, hence the second program's signature, is then known
+only once the first has run: a guess could compile the second program twice).
+Any failure here is left to the plain calls, which raise it as they would.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Callable
+
+import jax
+
+from blrppl.compile_mode import SizeDependentJit
+
+_DONE: "collections.OrderedDict[Any, None]" = collections.OrderedDict()
+_MAX_DONE = 256
+
+
+def compile_side_by_side(
+    first: SizeDependentJit, first_args: tuple, second: SizeDependentJit, second_args: Callable[[Any], tuple]
+) -> None:
+    """Compile ``first(*first_args)`` and ``second(*second_args(outputs))`` at once.
+
+    Args:
+      first, second: the programs (their variants are chosen by their arguments).
+      first_args: ``first``'s arguments, static ones included.
+      second_args: ``first``'s outputs (``jax.ShapeDtypeStruct`` leaves) -> ``second``'s arguments.
+    """
+    if not _uncommitted(first_args):
+        return
+    key = _signature(first, first_args)
+    if key is None or key in _DONE:
+        return
+    _DONE[key] = None
+    while len(_DONE) > _MAX_DONE:
+        _DONE.popitem(last=False)
+    try:
+        lowered = first.lower(*first_args)  # traces the first program (held by jit's cache)
+    except Exception:  # noqa: BLE001 - the plain call raises it, with its own message
+        return
+    worker = threading.Thread(target=_compile_quietly, args=(lowered,), daemon=True)
+    worker.start()
+    try:
+        outputs = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type),
+                               lowered.out_info)
+        args = second_args(outputs)
+        second.lower(*args).compile()
+    except Exception:  # noqa: BLE001 - as above
+        pass
+    finally:
+        worker.join()
+
+
+def _compile_quietly(lowered: Any) -> None:
+    try:
+        lowered.compile()
+    except Exception:  # noqa: BLE001 - the plain call compiles again and raises it
+        pass
+
+
+def _uncommitted(args: tuple) -> bool:
+    return not any(getattr(leaf, "committed", False) for leaf in jax.tree.leaves(args))
+
+
+def _signature(program: SizeDependentJit, args: tuple) -> Any:
+    """The program's variant, its static arguments and the others' shapes and dtypes."""
+    static = program.static_argnums
+    try:
+        leaves, tree = jax.tree.flatten([a for i, a in enumerate(args) if i not in static])
+        types = tuple((getattr(leaf, "shape", ()), str(getattr(leaf, "dtype", type(leaf)))) for leaf in leaves)
+        key = (program.variant(*args), tuple(args[i] for i in static), tree, types)
+        hash(key)
+    except (TypeError, ValueError):
+        return None
+    return key
+
+
+class CompiledInBackground:
+    """A lowered program compiled in a thread, for a program a first call does not run.
+
+    The compiled planner (:mod:`blrppl.blr.replan`) serves the second data
+    set: its compilation overlaps the first fit instead of preceding it.
+    Calling it waits for the compilation; one that failed in the thread is
+    compiled again here, where its error is raised.
+    """
+
+    def __init__(self, lowered: Any):
+        self._lowered = lowered
+        self._compiled = None
+        self._worker = threading.Thread(target=self._compile, daemon=True)
+        self._worker.start()
+
+    def _compile(self) -> None:
+        try:
+            self._compiled = self._lowered.compile()
+        except Exception:  # noqa: BLE001 - compiled again, and raised, where it is called
+            pass
+
+    def __call__(self, *args: Any) -> Any:
+        self._worker.join()
+        if self._compiled is None:
+            self._compiled = self._lowered.compile()
+        return self._compiled(*args)

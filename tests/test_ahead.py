@@ -1,0 +1,102 @@
+"""A first call compiles its start and its step loop side by side (``blrppl.blr.ahead``).
+
+The loop is compiled from the start's abstract outputs while the start
+compiles in a thread; these tests show that the programs compiled ahead are
+the ones the run then uses (no second compilation), for a plain run and for
+restarts, and that a run on committed data (where ahead-compiling is skipped)
+still compiles each program once.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+
+import blrppl
+from blrppl.blr import ahead, driver
+from blrppl.engines.base import start_tests
+from tests.compiles import compilations, compiled_names
+
+
+def _model(y):  # defined here: no other test has compiled its programs
+    mu = numpyro.sample("mu", dist.Normal(0.0, 3.0))
+    tau = numpyro.sample("tau", dist.Gamma(2.0, 1.0))
+    with numpyro.plate("n", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu, 1.0 / jnp.sqrt(tau)), obs=y)
+
+
+def _mixture(y):
+    w = numpyro.sample("w", dist.Dirichlet(jnp.ones(2)))
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0).expand([2]).to_event(1))
+    with numpyro.plate("n", y.shape[0]):
+        z = numpyro.sample("z", dist.Categorical(w))
+        numpyro.sample("y", dist.Normal(mu[z], 1.0), obs=y)
+
+
+def _y(n=23, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).normal(1.0, 0.7, n))
+
+
+def test_the_loop_compiled_beside_the_start_is_the_one_the_run_uses(rng_key):
+    engine = blrppl.VMP(_model)
+    plan = engine.plan(_y(29))
+    algorithm = engine.build(plan)
+    tests = start_tests(plan.qs)
+    init_args = (algorithm, tests, algorithm.exact, rng_key, plan.arrays, np.asarray(40, np.int32))
+    threshold, buffer, previous, hits = driver._loop_inputs(40, 1e-8)
+
+    def chunk_args(outputs):
+        state, _, stop = outputs
+        return algorithm, plan.arrays, driver._lean(algorithm, state), buffer, np.asarray(0, np.int32), stop, \
+            previous, hits, threshold
+
+    with compilations() as ahead_of_time:
+        ahead.compile_side_by_side(driver._init, init_args, driver._run_chunk, chunk_args)
+    assert sorted(compiled_names(ahead_of_time)) == ["jit(_chunk)", "jit(_init)"]
+    with compilations() as during_the_run:
+        state, elbo, converged, valid = driver.checked_run(algorithm, rng_key, 40, plan.arrays, tests, tol=1e-8,
+                                                           progress_bar=False)
+    assert compiled_names(during_the_run) == []
+    assert bool(np.all(valid)) and converged and np.all(np.isfinite(np.asarray(elbo)))
+
+
+def test_a_first_call_compiles_each_program_once(rng_key):
+    def model(y):  # a fresh function: a fresh plan, algorithm and programs
+        _model(y)
+
+    with compilations() as messages:
+        result = blrppl.VMP(model).run(rng_key, 60, _y(31), progress_bar=False, tol=1e-8)
+    names = compiled_names(messages)
+    assert names.count("jit(_init)") == 1 and names.count("jit(_chunk)") == 1, names
+    assert bool(result.convergence)
+
+
+def test_restarts_compile_their_loop_beside_their_starts(rng_key):
+    y = jnp.concatenate([_y(20, 1) - 3.0, _y(20, 2) + 3.0])
+    engine = blrppl.VMP(_mixture)
+    plan = engine.plan(y)
+    algorithm = engine.build(plan)
+    with compilations() as starts:
+        states, valid = driver.init_with_restarts(
+            algorithm, engine.build(plan, random_starts=True), rng_key, 3, plan.arrays, start_tests(plan.qs),
+            loop=(50, 1e-8),
+        )
+    assert sorted(compiled_names(starts)).count("jit(_run_chunks)") == 1
+    with compilations() as loop:
+        driver.run_restarts(algorithm, 50, plan.arrays, states, tol=1e-8, progress_bar=False)
+    assert compiled_names(loop) == []
+
+
+def test_committed_data_are_compiled_once_without_ahead_compiling(rng_key):
+    def model(y):
+        _model(y)
+
+    y = jax.device_put(_y(37), jax.devices()[0])
+    assert y.committed
+    with compilations() as messages:
+        committed = blrppl.VMP(model).run(rng_key, 60, y, progress_bar=False, tol=1e-8)
+    names = compiled_names(messages)
+    assert names.count("jit(_init)") == 1 and names.count("jit(_chunk)") == 1, names
+    plain = blrppl.VMP(model).run(rng_key, 60, _y(37), progress_bar=False, tol=1e-8)
+    np.testing.assert_array_equal(np.asarray(committed.elbo), np.asarray(plain.elbo))
