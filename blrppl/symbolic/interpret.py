@@ -97,9 +97,7 @@ class Interpreter:
             if any(tape.is_dual(v) for v in invals):  # data: computed and recorded (see blrppl.graph.tape)
                 host = lambda *xs: tuple(host_bind(eqn, params, xs) or _bind(prim, params, xs))  # noqa: E731
                 return list(tape.lift(host, _replay_bind(prim, params), invals))
-            if is_call(prim.name) and call_body(eqn) is not None:  # its equations one by one, mostly in numpy
-                return self.evaluate(*open_jaxpr(call_body(eqn)), invals)
-            return host_bind(eqn, params, invals) or _bind(prim, params, invals)
+            return host_bind(eqn, params, invals) or _host_call(eqn, invals) or _bind(prim, params, invals)
         name = prim.name
         if is_call(name):
             return self._call(eqn, invals)
@@ -180,6 +178,34 @@ def _positions(eqn: Any, params: dict, args: list) -> np.ndarray:
     if out is not None:
         return out
     return np.asarray(eqn.primitive.bind(*[jax.device_put(a) for a in args], **params))
+
+
+class _NeedsXLA(Exception):
+    """An equation of a constant call that numpy does not evaluate (:func:`_host_call`)."""
+
+
+def _host_call(eqn: Any, invals: list) -> list | None:
+    """A call on constants (the ``jit`` inside many ``jnp`` functions) evaluated equation by
+    equation in numpy, or None where one of them needs XLA: the call is then bound whole,
+    one compiled program rather than one per operation."""
+    body = call_body(eqn) if is_call(eqn.primitive.name) else None
+    if body is None or any(is_key(v) for v in invals):
+        return None
+    jaxpr, consts = open_jaxpr(body)
+    if any(is_key(c) for c in consts):
+        return None
+
+    def apply(inner: Any, values: list) -> list:
+        out = host_bind(inner, inner.primitive.get_bind_params(inner.params), values) or _host_call(inner, values)
+        if out is None:
+            raise _NeedsXLA
+        return out
+
+    try:
+        return walk(jaxpr, [np.asarray(c) for c in consts], invals, apply, literal=lambda v: np.asarray(v.val),
+                    equations=live_equations(jaxpr)[0])
+    except _NeedsXLA:
+        return None
 
 
 def _bind(prim: Any, params: dict, invals: Sequence[Any]) -> list:

@@ -80,3 +80,28 @@ def test_an_analysis_with_transcendental_constants_compiles_no_program_for_them(
         interpret.host_bind = host.host_bind
     assert interpret._bind is bound
     np.testing.assert_allclose(mine, expected_value(xla, stats, None), rtol=1e-14)
+
+
+def test_constant_calls_are_evaluated_in_numpy_or_compiled_whole():
+    x = np.linspace(0.1, 2.0, 43)
+    scaled_log = jax.jit(lambda a: jnp.log(a) * 2.0 + 1.0)  # numpy evaluates every equation
+    matrix = np.eye(5) * 2.0 + 0.1  # its inverse needs XLA (an LU factorisation)
+    infos = {"a": VarInfo("gaussian", (), 0)}
+    stats = {"a": {"x": jnp.asarray(0.3), "xx": jnp.asarray(0.5)}}
+
+    def log_factor(values):
+        inverse = jnp.linalg.inv(matrix)
+        return jnp.sum(C._normal(x, values["a"] * scaled_log(x), 1.0)) + values["a"] * jnp.sum(inverse)
+
+    with compilations() as messages:
+        analysis = analyse(log_factor, {"a": jnp.asarray(0.3)}, infos)
+    names = [m.split()[1] for m in messages]
+    assert "jit(<lambda>)" not in names and "jit(log)" not in names, names
+    assert names.count("jit(inv)") <= 1 and "jit(lu)" not in names, names  # one program, not one per operation
+    expected = jnp.sum(-0.5 * (x - 0.3 * (np.log(x) * 2.0 + 1.0)) ** 2 - 0.5 * np.log(2 * np.pi))
+    linear_coefficient = float(np.sum(np.linalg.inv(matrix)))
+    value = expected_value(analysis, stats, None)
+    # E[log f] at a point mass mean 0.3 (xx = 0.5 adds the variance term of the quadratic)
+    variance = 0.5 - 0.3**2
+    quadratic = 0.5 * variance * np.sum((np.log(x) * 2.0 + 1.0) ** 2)
+    np.testing.assert_allclose(value, expected - quadratic + 0.3 * linear_coefficient, rtol=1e-12)
