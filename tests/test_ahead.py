@@ -12,10 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+import pytest
 
 import blrppl
 from blrppl.blr import ahead, driver
 from blrppl.engines.base import start_tests
+from models import ZOO
 from tests.compiles import compilations, compiled_names
 
 
@@ -100,3 +102,45 @@ def test_committed_data_are_compiled_once_without_ahead_compiling(rng_key):
     assert names.count("jit(_init)") == 1 and names.count("jit(_chunk)") == 1, names
     plain = blrppl.VMP(model).run(rng_key, 60, _y(37), progress_bar=False, tol=1e-8)
     np.testing.assert_array_equal(np.asarray(committed.elbo), np.asarray(plain.elbo))
+
+
+def test_weakly_typed_outputs_keep_their_type():
+    """A point estimate passed through a start stays weakly typed: the loop compiled ahead
+    must take it so (read from the lowering's own output types, it compiled twice)."""
+    from blrppl.compile_mode import SizeDependentJit
+
+    first = SizeDependentJit(lambda x, p: (x * 2.0, p), data_argnum=0)
+    second = SizeDependentJit(lambda y, p: y + p, data_argnum=0)
+    x = jnp.linspace(0.0, 1.0, 7)
+    with compilations() as ahead_of_time:
+        ahead.compile_side_by_side(first, (x, 1.5), second, lambda outputs: outputs)
+    assert len(ahead_of_time) == 2
+    with compilations() as during_the_run:
+        y, p = first(x, 1.5)
+        assert p.weak_type
+        result = second(y, p)
+    np.testing.assert_allclose(result, 2.0 * np.asarray(x) + 1.5)
+    assert compiled_names(during_the_run) == []
+
+
+@pytest.mark.parametrize("name, engine_name", [("nile", "EM"), ("beta_bernoulli", "ConjugateBayes"),
+                                               ("eight_schools_noncentered", "NonConjugateVI")])
+def test_compiling_ahead_adds_no_compilation(name, engine_name, rng_key, monkeypatch):
+    """Point estimates (EM), lean exact states (conjugate Bayes), Newton starts: the programs
+    compiled ahead are the ones the fit runs, so it compiles what it compiled without them."""
+    entry = ZOO[name]
+    args, kwargs = entry.data()
+
+    def counts(ahead_on: bool) -> dict:
+        def model(*a, **k):  # a fresh model: fresh programs
+            return entry.model(*a, **k)
+
+        if not ahead_on:
+            monkeypatch.setattr(driver, "compile_side_by_side", lambda *a: None)
+        with compilations() as messages:
+            getattr(blrppl, engine_name)(model).run(rng_key, 100, *args, progress_bar=False, tol=1e-8, **kwargs)
+        monkeypatch.undo()
+        names = compiled_names(messages)
+        return {n: names.count(n) for n in ("jit(_init)", "jit(_chunk)")}
+
+    assert counts(True) == counts(False)

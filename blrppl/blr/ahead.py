@@ -49,14 +49,17 @@ def compile_side_by_side(
     while len(_DONE) > _MAX_DONE:
         _DONE.popitem(last=False)
     try:
-        lowered = first.lower(*first_args)  # traces the first program (held by jit's cache)
+        traced = first.variant(*first_args).trace(*first_args)  # held by jit's cache
+        lowered = traced.lower()
     except Exception:  # noqa: BLE001 - the plain call raises it, with its own message
         return
     worker = threading.Thread(target=_compile_quietly, args=(lowered,), daemon=True)
     worker.start()
     try:
-        outputs = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type),
-                               lowered.out_info)
+        # The outputs' types as the call returns them: weak types included (``out_info`` drops
+        # them, and a point estimate passed through weakly typed would compile ``second`` twice).
+        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in traced.jaxpr.out_avals]
+        outputs = jax.tree.unflatten(jax.tree.structure(lowered.out_info), avals)
         args = second_args(outputs)
         second.lower(*args).compile()
     except Exception:  # noqa: BLE001 - as above
