@@ -273,14 +273,26 @@ compile with cheap settings (:mod:`blrppl.compile_mode`)."""
 
 
 def init_restarts(
-    algorithm: InferenceAlgorithm, rng_keys: jax.Array, arrays: Any, *, batched_data: bool = False
+    algorithm: InferenceAlgorithm, rng_keys: jax.Array, arrays: Any, *, batched_data: bool = False,
+    loop: Optional[tuple[int, Optional[float]]] = None,
 ) -> BLRState:
     """``init`` of every restart key, stacked (leading axis C).
 
     With ``batched_data``, ``arrays`` has the same leading axis: restart c
-    starts on data set c (see :func:`run_restarts`).
+    starts on data set c (see :func:`run_restarts`). ``loop``: ``(num_steps,
+    tol)`` of the :func:`run_restarts` that follows, whose loop then compiles
+    beside the starts (:mod:`blrppl.blr.ahead`).
     """
-    return _init_many(algorithm, rng_keys, arrays, batched_data)
+    init_args = (algorithm, rng_keys, arrays, batched_data)
+    if loop is not None:
+        threshold, buffer, previous, hits = _restart_loop_inputs(int(jnp.shape(rng_keys)[0]), *loop)
+
+        def chunk_args(states):
+            zero = np.asarray(0, np.int32)
+            return algorithm, arrays, states, buffer, zero, zero, previous, hits, threshold, batched_data
+
+        compile_side_by_side(_init_many, init_args, _run_chunks, chunk_args)
+    return _init_many(*init_args)
 
 
 def init_with_restarts(

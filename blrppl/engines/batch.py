@@ -121,7 +121,7 @@ def _run_group(engine, plans, keys, num_steps, tol, progress_bar, arrays=None) -
     if arrays is None:
         arrays = jax.tree.map(lambda *leaves: jnp.stack([jnp.asarray(x) for x in leaves]), *[p.arrays for p in plans])
     algorithm = engine.build(first)
-    states = driver.init_restarts(algorithm, keys, arrays, batched_data=True)
+    states = driver.init_restarts(algorithm, keys, arrays, batched_data=True, loop=(num_steps, tol))
     states, elbo, num_run, stopped = driver.run_restarts(
         algorithm, num_steps, arrays, states, tol=tol, progress_bar=progress_bar, batched_data=True
     )
