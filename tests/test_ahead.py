@@ -172,3 +172,23 @@ def test_batched_fits_compile_their_loop_beside_their_starts(rng_key, monkeypatc
     (with_ahead, batch), (without, plain) = counts(True), counts(False)
     assert with_ahead == without == {"jit(_init_many)": 1, "jit(_run_chunks)": 1}
     np.testing.assert_array_equal(np.asarray(batch.elbo), np.asarray(plain.elbo))
+
+
+def test_a_second_run_does_not_compile_ahead_again(rng_key, monkeypatch):
+    """Later runs of the same signature skip it (lowering again costs milliseconds per call)."""
+    import threading
+
+    def model(y):
+        _model(y)
+
+    mixture_data = jnp.concatenate([_y(20, 1) - 3.0, _y(20, 2) + 3.0])
+    fits = [(blrppl.VMP(model), _y(33, 3), _y(33, 4), {}),
+            (blrppl.VMP(_mixture), mixture_data, mixture_data[::-1], {"num_restarts": 3})]
+    for engine, first, second, options in fits:
+        engine.run(rng_key, 50, first, progress_bar=False, tol=1e-8, **options)
+        started = []
+        thread = threading.Thread
+        monkeypatch.setattr(threading, "Thread", lambda *a, **k: started.append(1) or thread(*a, **k))
+        engine.run(jax.random.fold_in(rng_key, 1), 50, second, progress_bar=False, tol=1e-8, **options)
+        monkeypatch.undo()
+        assert started == []
