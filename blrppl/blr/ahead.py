@@ -11,11 +11,11 @@ them: the results are those of the plain calls, bit for bit (the same
 programs, compiled with the same options).
 
 Done once per program and static arguments (an algorithm is built once per
-plan signature), so a later run pays a hash; skipped where an argument is
-committed to a device
-(the outputs' placement, hence the second program's signature, is then known
-only once the first has run: a guess could compile the second program twice).
-Any failure here is left to the plain calls, which raise it as they would.
+plan signature), so a later run pays a hash. Skipped where an argument is
+committed to a device: the outputs' placement, hence the second program's
+signature, is then known only once the first has run, and a guess could
+compile the second program twice. Any failure here is left to the plain
+calls, which raise it as they would.
 """
 
 from __future__ import annotations
