@@ -26,6 +26,7 @@ settings on a CPU, ``"auto"`` (the default) chooses by size as above.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -34,7 +35,8 @@ import numpy as np
 
 FAST_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
 """XLA:CPU compiler options that trade run time for compile time (2-4x less compile time
-on blrppl's programs; the fusion emitters alone give 1.3-1.8x, the optimisation level most of the rest)."""
+on blrppl's programs; the fusion emitters alone give 1.3-1.8x, the optimisation level most of the rest).
+Only those that the installed XLA:CPU knows are passed (:func:`fast_cpu_options`)."""
 
 SMALL_DATA_BYTES = 1 << 16
 """Data of at most this many bytes (8,192 float64 numbers) compile with ``FAST_CPU_OPTIONS`` in mode "auto"."""
@@ -73,6 +75,29 @@ def set_compile_mode(mode: str) -> str:
 def compile_mode() -> str:
     """The current mode (see :func:`set_compile_mode`)."""
     return _mode
+
+
+@functools.cache
+def fast_cpu_options() -> dict:
+    """The entries of ``FAST_CPU_OPTIONS`` that this jaxlib's XLA:CPU accepts.
+
+    XLA rejects a compile option it does not know, and options come and go between
+    releases (jaxlib 0.11 has no ``xla_cpu_use_fusion_emitters``). Each is tried once per
+    process on a one-operation program; an unknown one is left out (its compile-time
+    saving with it), any other failure is raised.
+    """
+    cpu = jax.devices("cpu")[0]
+    example = jax.device_put(np.zeros((), np.float32), cpu)
+    accepted = {}
+    for name, value in FAST_CPU_OPTIONS.items():
+        try:
+            jax.jit(lambda x: x + 1, compiler_options={name: value}).lower(example).compile()
+        except jax.errors.JaxRuntimeError as error:
+            if "No such compile option" not in str(error):
+                raise
+            continue
+        accepted[name] = value
+    return accepted
 
 
 def _on_cpu(leaves: list) -> bool:
@@ -132,9 +157,16 @@ class SizeDependentJit:
         self.fixed = fast
         self.small_bytes = ONE_SHOT_BYTES if one_shot else SMALL_DATA_BYTES
         self.optimized = jax.jit(fun, static_argnums=static_argnums)
-        self.fast = jax.jit(fun, static_argnums=static_argnums, compiler_options=FAST_CPU_OPTIONS)
+        self._fast = None
         self.__wrapped__ = fun
         self.__doc__ = fun.__doc__
+
+    @property
+    def fast(self) -> Callable:
+        """The variant compiled with ``FAST_CPU_OPTIONS`` (made at its first use)."""
+        if self._fast is None:
+            self._fast = jax.jit(self.__wrapped__, static_argnums=self.static_argnums, compiler_options=fast_cpu_options())
+        return self._fast
 
     def variant(self, *args: Any) -> Callable:
         """The jitted variant that ``args`` run with."""
@@ -157,9 +189,9 @@ def jit_for(data: Any, fun: Callable, *, one_shot: bool = False) -> SizeDependen
     return SizeDependentJit(fun, fast=fast_compile(data, ONE_SHOT_BYTES if one_shot else SMALL_DATA_BYTES))
 
 
-def probe(fun: Callable) -> Callable:
+def probe(fun: Callable, *, cheap: Optional[bool] = None) -> Callable:
     """``fun`` as one compiled program, for the few evaluations of model code that planning makes
-    (gradient probes, example values).
+    (gradient probes, example values, a GLM's design matrix).
 
     Run eagerly, each ``jnp`` operation of such a call compiles a program of its own (20-60 ms
     each; planning UCBadmit made 185 of them). Here the call is traced to a jaxpr and run by
@@ -168,7 +200,8 @@ def probe(fun: Callable) -> Callable:
     plan of the same model on new data of the same shapes compiles nothing. Where the
     model's code needs concrete values of the arguments (Python control flow on a latent,
     ``np.asarray`` of one), the call runs eagerly as before; inside another trace it is
-    ``fun`` itself.
+    ``fun`` itself. ``cheap`` fixes the choice of ``FAST_CPU_OPTIONS`` (e.g.
+    ``fast_compile(data, ONE_SHOT_BYTES)``); by default it is taken on a CPU.
     """
 
     def call(*args: Any) -> Any:
@@ -178,8 +211,8 @@ def probe(fun: Callable) -> Callable:
             closed, shapes = jax.make_jaxpr(fun, return_shape=True)(*args)
         except (jax.errors.JAXTypeError, jax.errors.JAXIndexError):
             return fun(*args)
-        cheap = _mode != "optimized" and _on_cpu(jax.tree.leaves(args))
-        program = _probe_program(closed.jaxpr, cheap)
+        fast = cheap if cheap is not None else _mode != "optimized" and _on_cpu(jax.tree.leaves(args))
+        program = _probe_program(closed.jaxpr, fast)
         outputs = program(closed.consts, jax.tree.leaves(args))
         return jax.tree.unflatten(jax.tree.structure(shapes), outputs)
 
@@ -200,7 +233,7 @@ def _probe_program(jaxpr: Any, cheap: bool) -> Callable:
     def evaluate(consts, args):
         return core.eval_jaxpr(jaxpr, consts, *args)
 
-    options = FAST_CPU_OPTIONS if cheap else None
+    options = fast_cpu_options() if cheap else None
     text = str(jaxpr)
     if "callback" in text:
         return jax.jit(evaluate, compiler_options=options)

@@ -22,6 +22,7 @@ import numpy as np
 from numpyro import handlers
 from numpyro.distributions.transforms import biject_to
 
+from blrppl.eager_loops import with_loops_compiled_once
 from blrppl.blr.config import MAX_JOINT_SIZE, Config
 from blrppl.blr.orphans import integrate_orphans, masked_graph, orphan_rows
 from blrppl.blr.sharding import follow_data_sharding
@@ -109,6 +110,7 @@ class Plan:
         return plan_signature(self)
 
 
+@with_loops_compiled_once
 def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any], config: Config) -> Plan:
     """Trace ``model`` on its data and plan a fit with the options of ``config``.
 

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from blrppl._types import Array
-from blrppl.compile_mode import jit_for
+from blrppl.compile_mode import ONE_SHOT_BYTES, fast_compile, probe
 from blrppl.symbolic.host import evaluate
 from blrppl.graph.jaxpr import (
     BILINEAR,
@@ -237,23 +237,23 @@ def find_linear_predictor(
 
     # One compiled program each (data as arguments): run eagerly, every operation of the
     # model at all N rows would compile a program of its own (seconds of a first call).
-    # They run once per plan, so they compile cheaply (logistic N = 100,000: 0.9 s less).
-    design_and_offset = jit_for(
-        data, lambda z, d: (jax.jacfwd(predict)(z, d), predict(jnp.zeros_like(z), d)), one_shot=True
-    )
+    # They run once per plan, so they compile cheaply (logistic N = 100,000: 0.9 s less),
+    # and once per structure (probe), so a new plan on new data compiles nothing.
+    cheap = fast_compile(data, ONE_SHOT_BYTES)
+    design_and_offset = probe(lambda z, d: (jax.jacfwd(predict)(z, d), predict(jnp.zeros_like(z), d)), cheap=cheap)
     design, offset = design_and_offset(z0, data)
-    if not _checks_pass(fn, predict, log_likelihood, design, offset, z0, data, num_obs, rtol):
+    if not _checks_pass(fn, predict, log_likelihood, design, offset, z0, data, num_obs, rtol, cheap):
         return None
     return LinearPredictor(design, offset, log_likelihood, predict)
 
 
-def _checks_pass(fn, predict, log_likelihood, design, offset, z0, data, num_obs, rtol) -> bool:
+def _checks_pass(fn, predict, log_likelihood, design, offset, z0, data, num_obs, rtol, cheap) -> bool:
     """Affinity of the predictor, η-substitution reproducing ``fn``, elementwise ℓ."""
     rng = np.random.default_rng(0)
     z1 = z0 + jnp.asarray(rng.normal(size=z0.shape), z0.dtype)
     tangent = jnp.asarray(rng.normal(size=(num_obs,)), design.dtype)
 
-    @functools.partial(jit_for, data, one_shot=True)
+    @functools.partial(probe, cheap=cheap)
     def evaluate(z1, tangent, data, design, offset):
         eta1 = predict(z1, data)
         ell = lambda eta: log_likelihood(eta, data)  # noqa: E731

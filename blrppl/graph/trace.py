@@ -39,6 +39,7 @@ import numpy as np
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
+from blrppl.eager_loops import with_loops_compiled_once
 from blrppl.errors import ModelError, site_error
 from blrppl.graph import chains as _chains
 from blrppl.graph.capture import constructor_call
@@ -64,6 +65,7 @@ from blrppl.graph.replay import effective_mask, effective_scale, run_model, run_
 from blrppl.graph.validate import validate_observations
 
 
+@with_loops_compiled_once
 def build_graph(
     model: Callable,
     model_args: tuple = (),
