@@ -128,7 +128,7 @@ def main() -> None:
                 (first, second), result, placed = fit_on(device, name)
                 answers[device.platform] = summary(result)
                 print(f"{name:28s} {device.platform:5s} first {first:7.2f} s  second {second * 1e3:9.1f} ms  "
-                      f"state on {placed}  converged {result.converged}", flush=True)
+                      f"state on {placed}  stopped {result.converged.stopped} after {result.converged.num_steps}", flush=True)
             except Exception:
                 print(f"{name:28s} {device.platform:5s} FAILED\n{traceback.format_exc(limit=-8)}", flush=True)
         if len(answers) == 2:
