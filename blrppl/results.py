@@ -55,8 +55,12 @@ class Convergence(NamedTuple):
         return bool(self.stopped)
 
     @classmethod
-    def of(cls, stopped: bool, tol: Optional[float], num_steps: int, noisy: bool, exact: bool = False) -> "Convergence":
-        """The record of a run (see :func:`blrppl.blr.driver.run` for the criteria)."""
+    def of(
+        cls, stopped: bool, tol: Optional[float], num_steps: int, noisy: bool, exact: bool = False, elbo_dtype: Any = None
+    ) -> "Convergence":
+        """The record of a run (see :func:`blrppl.blr.driver.run` for the criteria; ``elbo_dtype``: the
+        ELBO's, whose resolution bounds the relative change a deterministic run can be asked for)."""
+        from blrppl.blr.driver import elbo_resolution
         if tol is None:
             return cls(False, "no tol given: the run took every step asked for", num_steps, noisy)
         if exact:
@@ -67,7 +71,11 @@ class Convergence(NamedTuple):
         elif noisy:
             criterion = f"the averaged q moved by at most KL {tol:g} per block over two windows of steps"
         else:
-            criterion = f"the ELBO changed by at most {tol:g} relative, two steps in a row"
+            dtype = jnp.dtype(elbo_dtype if elbo_dtype is not None else jnp.result_type(float))
+            floor = elbo_resolution(dtype)
+            criterion = f"the ELBO changed by at most {max(tol, floor):g} relative, two steps in a row"
+            if tol < floor:
+                criterion += f" (tol {tol:g} is below {dtype.name}'s resolution of the ELBO and was raised to it)"
         if stopped:
             return cls(True, f"converged: {criterion}", num_steps, noisy)
         return cls(False, f"not converged in {num_steps} steps: {criterion} did not hold; run longer", num_steps, noisy)

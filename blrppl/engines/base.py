@@ -169,7 +169,7 @@ class Engine:
                 algorithm, rng_key, num_steps, plan.arrays, init_state=init_state, tol=tol, progress_bar=progress_bar
             )
         check_finite(plan, state, elbo)
-        convergence = Convergence.of(stopped, tol, len(elbo), algorithm.noisy, algorithm.exact)
+        convergence = Convergence.of(stopped, tol, len(elbo), algorithm.noisy, algorithm.exact, elbo.dtype)
         flags = self._flags(plan, state, elbo, bool(stopped))
         return BLRResult(plan=plan, state=state, elbo=elbo, mode=self.mode, convergence=convergence, flags=flags)
 
@@ -203,7 +203,7 @@ class Engine:
         )
         best_stopped = bool(np.asarray(stopped)[best])
         best_elbo = jax.device_put(np.asarray(elbo)[best, : num_run[best]])  # cut on the host: nothing compiles
-        convergence = Convergence.of(best_stopped, tol, num_run[best], algorithm.noisy, algorithm.exact)
+        convergence = Convergence.of(best_stopped, tol, num_run[best], algorithm.noisy, algorithm.exact, best_elbo.dtype)
         flags = self._flags(plan, state, best_elbo, best_stopped) + disagreement(elbo, num_run, finite)
         return BLRResult(
             plan=plan, state=state, elbo=best_elbo, mode=self.mode, restarts=restarts,

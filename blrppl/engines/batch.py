@@ -135,7 +135,7 @@ def _run_group(engine, plans, keys, num_steps, tol, progress_bar, arrays=None) -
             state=_row(states, i),
             elbo=elbo[i, :n],
             mode=engine.mode,
-            convergence=Convergence.of(bool(stopped[i]), tol, n, algorithm.noisy, algorithm.exact),
+            convergence=Convergence.of(bool(stopped[i]), tol, n, algorithm.noisy, algorithm.exact, elbo.dtype),
         )
         out.append((result, elbo[i], n, bool(stopped[i])))
     return out

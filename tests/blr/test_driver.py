@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+import pytest
 
 import blrppl
 from blrppl.blr import driver
@@ -46,3 +47,26 @@ def test_restarts_are_the_plain_run_vmapped(rng_key):
     plain = engine.run(rng_key, 15, y=Y, progress_bar=False)
     restarted = engine.run(rng_key, 15, y=Y, progress_bar=False, num_restarts=3)
     np.testing.assert_allclose(restarted.restarts.elbo[0, :15], plain.elbo, rtol=1e-10)
+
+
+def test_a_tol_below_the_elbos_resolution_is_raised_to_it_and_said_so():
+    from types import SimpleNamespace
+
+    from blrppl.blr.driver import _hits, elbo_resolution
+    from blrppl.results import Convergence
+
+    deterministic = SimpleNamespace(exact=False, noisy=False)
+    info = SimpleNamespace(change=jnp.float32(0.0))
+    elbo = jnp.float32(-1234.5)
+    one_ulp_up = jnp.nextafter(elbo, jnp.float32(0.0))  # a float32 fit cycling between q's one rounding apart
+    hits = jnp.zeros((), jnp.int32)
+    assert int(_hits(deterministic, info, one_ulp_up, elbo, hits, jnp.float32(1e-8))) == 1
+    assert int(_hits(deterministic, info, one_ulp_up, elbo, hits, jnp.float32(-1.0))) == 0  # no tol: never stops
+    moved = jnp.float32(elbo * (1 - 1e-5))
+    assert int(_hits(deterministic, info, moved, elbo, hits, jnp.float32(1e-8))) == 0
+    # float64 keeps the tol asked for: 1e-8 is far above its resolution
+    assert int(_hits(deterministic, info, jnp.float64(-1234.5 * (1 - 1e-7)), jnp.float64(-1234.5), hits, 1e-8)) == 0
+    assert elbo_resolution(jnp.float32) == pytest.approx(16 * 1.1920929e-07)
+    record = Convergence.of(True, 1e-8, 13, False, elbo_dtype=jnp.float32)
+    assert "raised" in record.reason and "float32" in record.reason
+    assert "raised" not in Convergence.of(True, 1e-8, 13, False, elbo_dtype=jnp.float64).reason
