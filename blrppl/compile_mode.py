@@ -82,22 +82,26 @@ def fast_cpu_options() -> dict:
     """The entries of ``FAST_CPU_OPTIONS`` that this jaxlib's XLA:CPU accepts.
 
     XLA rejects a compile option it does not know, and options come and go between
-    releases (jaxlib 0.11 has no ``xla_cpu_use_fusion_emitters``). Each is tried once per
-    process on a one-operation program; an unknown one is left out (its compile-time
-    saving with it), any other failure is raised.
+    releases (jaxlib 0.11 has no ``xla_cpu_use_fusion_emitters``). They are tried together
+    once per process on a one-operation program (one small compilation), and one by one
+    only if that fails; an unknown one is left out (its compile-time saving with it), any
+    other failure is raised.
     """
     cpu = jax.devices("cpu")[0]
     example = jax.device_put(np.zeros((), np.float32), cpu)
-    accepted = {}
-    for name, value in FAST_CPU_OPTIONS.items():
+
+    def accepts(options: dict) -> bool:
         try:
-            jax.jit(lambda x: x + 1, compiler_options={name: value}).lower(example).compile()
+            jax.jit(lambda x: x + 1, compiler_options=options).lower(example).compile()
         except jax.errors.JaxRuntimeError as error:
             if "No such compile option" not in str(error):
                 raise
-            continue
-        accepted[name] = value
-    return accepted
+            return False
+        return True
+
+    if accepts(FAST_CPU_OPTIONS):  # one small compilation where every option is known
+        return dict(FAST_CPU_OPTIONS)
+    return {name: value for name, value in FAST_CPU_OPTIONS.items() if accepts({name: value})}
 
 
 def _on_cpu(leaves: list) -> bool:

@@ -115,3 +115,19 @@ def test_structure_of_reads_a_result_without_running_it():
         return dist.Normal(loc, 1.0) if float(loc[0]) > 0 else dist.Laplace(loc, 1.0)
 
     assert isinstance(compile_mode.structure_of(concrete, np.ones(3)), dist.Normal)
+
+
+def test_only_compile_options_that_xla_knows_are_passed(monkeypatch):
+    from blrppl import compile_mode
+
+    compile_mode.fast_cpu_options.cache_clear()
+    try:
+        assert set(compile_mode.fast_cpu_options()) <= set(compile_mode.FAST_CPU_OPTIONS)
+        assert "xla_backend_optimization_level" in compile_mode.fast_cpu_options()
+        compile_mode.fast_cpu_options.cache_clear()
+        unknown = {**compile_mode.FAST_CPU_OPTIONS, "xla_cpu_no_such_option_anywhere": True}
+        monkeypatch.setattr(compile_mode, "FAST_CPU_OPTIONS", unknown)
+        assert "xla_cpu_no_such_option_anywhere" not in compile_mode.fast_cpu_options()
+        assert "xla_backend_optimization_level" in compile_mode.fast_cpu_options()
+    finally:
+        compile_mode.fast_cpu_options.cache_clear()
