@@ -276,3 +276,24 @@ def size_dependent_jit(
 ) -> Callable:
     """Decorator form of :class:`SizeDependentJit`."""
     return lambda fun: SizeDependentJit(fun, data_argnum, static_argnums, one_shot=one_shot)
+
+
+def full_precision(fun: Callable) -> Callable:
+    """``fun`` with the matrix products it traces at full float32 precision (JAX's ``"highest"``).
+
+    On GPUs and TPUs, JAX's default rounds the inputs of a float32 matrix product to
+    TF32 or bfloat16 (about 1e-3 relative). That broke the exactness checks of the GLM
+    path on an H200 (so a float32 logistic regression took cubature instead of
+    Gauss-Hermite on its linear predictors) and left the fit's ELBO moving by 5e-6 per
+    step, never converging. Float64 and CPUs are unaffected. A precision the user set
+    (``jax_default_matmul_precision``) is kept.
+    """
+
+    @functools.wraps(fun)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if jax.config.jax_default_matmul_precision is not None:
+            return fun(*args, **kwargs)
+        with jax.default_matmul_precision("highest"):
+            return fun(*args, **kwargs)
+
+    return wrapped

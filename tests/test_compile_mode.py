@@ -131,3 +131,38 @@ def test_only_compile_options_that_xla_knows_are_passed(monkeypatch):
         assert "xla_backend_optimization_level" in compile_mode.fast_cpu_options()
     finally:
         compile_mode.fast_cpu_options.cache_clear()
+
+
+def test_engines_trace_their_matrix_products_at_full_precision():
+    """On GPUs JAX's default float32 matmul rounds to TF32; a fit's programs must not (CPUs ignore it)."""
+    import numpyro
+    import numpyro.distributions as dist
+
+    import blrppl
+    from blrppl.compile_mode import full_precision
+
+    seen = []
+
+    @full_precision
+    def traced():
+        seen.append(jax.config.jax_default_matmul_precision)
+        return str(jax.make_jaxpr(lambda a: a @ a)(jnp.ones((2, 2), jnp.float32)))
+
+    assert "precision=(Precision.HIGHEST, Precision.HIGHEST)" in traced() and seen == ["highest"]
+    with jax.default_matmul_precision("bfloat16"):  # a precision the user chose is kept
+        assert "HIGHEST" not in traced()
+
+    def model(X, y=None):
+        beta = numpyro.sample("beta", dist.Normal(jnp.zeros(X.shape[1]), 1.0).to_event(1))
+        numpyro.sample("y", dist.Normal(X @ beta, 1.0), obs=y)
+
+    engine = blrppl.VMP(model)
+    X, y = jnp.ones((5, 2)), jnp.arange(5.0)
+    seen.clear()
+    original = blrppl.engines.base.record_plan
+    try:
+        blrppl.engines.base.record_plan = lambda *a: (seen.append(jax.config.jax_default_matmul_precision), original(*a))[1]
+        engine.run(jax.random.key(0), 3, X, y=y, progress_bar=False)
+    finally:
+        blrppl.engines.base.record_plan = original
+    assert seen == ["highest"]

@@ -25,6 +25,7 @@ from blrppl.blr.replan import Replanner, record_plan
 from blrppl.blr.restarts import best_restart
 from blrppl.blr.starts import raise_invalid_start, start_tests
 from blrppl.blr.state import InferenceAlgorithm
+from blrppl.compile_mode import full_precision
 from blrppl.errors import ModelError
 from blrppl.engines.batch import run_batched
 from blrppl.graph.data import split_model_data
@@ -57,6 +58,7 @@ class Engine:
         """``"global"`` (Eq. 58) or ``"local"`` (Eq. 60)."""
         return self.config.mode
 
+    @full_precision
     def plan(self, *model_args: Any, **model_kwargs: Any) -> Plan:
         """Trace the model and choose every factor's estimator.
 
@@ -100,6 +102,7 @@ class Engine:
                 return boundary
         return steady_climb(elbo, stopped)
 
+    @full_precision
     def run(
         self,
         rng_key: jax.Array,
@@ -136,6 +139,7 @@ class Engine:
             plan, rng_key, num_steps, progress_bar=progress_bar, init_state=init_state, tol=tol, num_restarts=num_restarts
         )
 
+    @full_precision
     def fit(
         self,
         plan: Plan,
@@ -210,6 +214,7 @@ class Engine:
             convergence=convergence, flags=flags,
         )
 
+    @full_precision
     def run_batched(
         self,
         rng_key: jax.Array,

@@ -11,6 +11,7 @@ from numpyro import handlers
 from numpyro.infer import init_to_uniform
 
 from blrppl.blr.schedules import as_schedule
+from blrppl.compile_mode import full_precision
 from blrppl.deep.checks import averaging_flags, convergence_flags, data_share, prior_flags, raise_if_diverged
 from blrppl.deep.flat import FlatModel, flat_model
 from blrppl.deep.result import DiagonalResult
@@ -109,6 +110,7 @@ class DiagonalBLR:
         """Always ``"global"`` (Eq. 58): one q, refreshed from each minibatch."""
         return "global"
 
+    @full_precision
     def run(
         self,
         rng_key: jax.Array,

@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import jax
 
 from blrppl.blr.integrate import integrate
+from blrppl.compile_mode import full_precision
 from blrppl.engines import presets
 from blrppl.errors import IntegrationWarning
 from blrppl.integrated_result import IntegratedResult
@@ -68,6 +69,7 @@ class Integrated:
         # a memo, the only state an engine keeps.
         self._conditionals: dict = {}
 
+    @full_precision
     def run(self, rng_key: jax.Array, num_steps: int, *model_args: Any, progress_bar: bool = True, **model_kwargs: Any) -> IntegratedResult:
         """Fit the model; ``num_steps`` bounds the mode search (Newton steps).
 
