@@ -18,7 +18,7 @@ import numpy as np
 
 from blrppl.blr import driver
 from blrppl.blr.build import build_blr
-from blrppl.blr.checks import boundary_estimates, improper_posterior_error, steady_climb
+from blrppl.blr.checks import boundary_estimates, fell_from_best, improper_posterior_error, steady_climb
 from blrppl.blr.config import Config
 from blrppl.blr.plan import Plan, make_plan
 from blrppl.blr.replan import Replanner, record_plan
@@ -92,15 +92,18 @@ class Engine:
             self._algorithms[key] = algorithm
         return algorithm
 
-    def _flags(self, plan: Plan, state: Any, elbo: jax.Array, stopped: bool) -> tuple[str, ...]:
-        """Doubts about a finished fit (see :mod:`blrppl.blr.checks`)."""
+    def _flags(self, plan: Plan, state: Any, elbo: jax.Array, stopped: bool, noisy: bool = False) -> tuple[str, ...]:
+        """Doubts about a finished fit (see :mod:`blrppl.blr.checks`); ``noisy``: Monte Carlo site
+        parameters, whose ELBO trace may fall and rise with the draws."""
         if not len(elbo):
             return ()
         if plan.init_params:
             boundary = boundary_estimates(plan, self.build(plan, fixed_params=True), state, float(np.asarray(elbo)[-1]))
             if boundary:
                 return boundary
-        return steady_climb(elbo, stopped)
+        deterministic = not noisy and plan.subsample is None
+        fell = fell_from_best(plan.qs, state.natural, elbo) if deterministic else ()
+        return fell or steady_climb(elbo, stopped)
 
     @full_precision
     def run(
@@ -174,7 +177,7 @@ class Engine:
             )
         check_finite(plan, state, elbo)
         convergence = Convergence.of(stopped, tol, len(elbo), algorithm.noisy, algorithm.exact, elbo.dtype)
-        flags = self._flags(plan, state, elbo, bool(stopped))
+        flags = self._flags(plan, state, elbo, bool(stopped), algorithm.noisy)
         return BLRResult(plan=plan, state=state, elbo=elbo, mode=self.mode, convergence=convergence, flags=flags)
 
     def _run_restarts(self, plan, rng_key, num_steps, num_restarts, init_state, tol, progress_bar) -> BLRResult:
@@ -208,7 +211,7 @@ class Engine:
         best_stopped = bool(np.asarray(stopped)[best])
         best_elbo = jax.device_put(np.asarray(elbo)[best, : num_run[best]])  # cut on the host: nothing compiles
         convergence = Convergence.of(best_stopped, tol, num_run[best], algorithm.noisy, algorithm.exact, best_elbo.dtype)
-        flags = self._flags(plan, state, best_elbo, best_stopped) + disagreement(elbo, num_run, finite)
+        flags = self._flags(plan, state, best_elbo, best_stopped, algorithm.noisy) + disagreement(elbo, num_run, finite)
         return BLRResult(
             plan=plan, state=state, elbo=best_elbo, mode=self.mode, restarts=restarts,
             convergence=convergence, flags=flags,

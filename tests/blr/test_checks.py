@@ -53,3 +53,13 @@ def test_a_collapsed_q_with_an_erratic_elbo_is_an_improper_posterior():
     error = improper_posterior_error(qs, natural, trace)
     assert error is not None and "site 'sigma'" in str(error) and "improper" in str(error)
     assert improper_posterior_error(qs, natural, -40.0 + 0.01 * np.arange(8.0)) is None  # smooth: a tiny sd is allowed
+
+
+def test_a_deterministic_run_that_ended_far_below_its_best_elbo_is_flagged():
+    from blrppl.blr.checks import fell_from_best
+
+    settled = np.array([-120.0, -101.0, -100.2, -100.0, -100.0004, -100.0])  # wobbles within rounding: fine
+    assert fell_from_best({}, {}, settled) == ()
+    fell = np.array([86.8, 169.8, 884.6, 163.7, 103.9])
+    (flag,) = fell_from_best({}, {}, fell)
+    assert "781 below the best" in flag and "step 3" in flag and "not at an optimum" in flag
