@@ -74,7 +74,8 @@ def _structural_impl(primitive: Any, original: Callable) -> Callable:
             _PROGRAMS[key] = program  # most recent last
             while len(_PROGRAMS) > _MAX_PROGRAMS:
                 _PROGRAMS.popitem(last=False)
-        return program(*args)
+        with jax.disable_jit(False):  # as JAX's own eager dispatch: never the Python body again
+            return program(*args)
 
     return impl
 

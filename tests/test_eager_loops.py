@@ -66,3 +66,12 @@ def test_a_second_plan_of_a_model_with_a_scan_compiles_nothing(rng_key):
     with compilations() as messages:
         engine.plan(*args, y=np.asarray(kwargs["y"]) * 1.01)
     assert messages == []
+
+
+def test_a_loop_bound_eagerly_under_disable_jit_still_runs():
+    """The symbolic interpreter binds equations itself; under ``jax.disable_jit`` a looked-up
+    loop must run its compiled program, not recurse into its own binding."""
+    closed = jax.make_jaxpr(lambda xs: cumulative(jnp.ones(2), xs, 1.0))(jnp.arange(3.0))
+    with loops_compiled_once(), jax.disable_jit():
+        (out,) = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, jnp.arange(3.0))
+    np.testing.assert_allclose(out, 2.0 * np.cumsum(np.arange(3.0)))
