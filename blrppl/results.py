@@ -10,6 +10,7 @@ import numpyro
 import numpyro.distributions as dist
 
 from blrppl.blr.state import BLRState
+from blrppl.compile_mode import full_precision
 from blrppl.graph.replay import split_latents
 from blrppl.posterior import block_marginals, posterior_distributions, q_distribution
 
@@ -130,6 +131,7 @@ class BLRResult(NamedTuple):
         state = jax.tree.map(lambda a: a[index], r.state)
         return BLRResult(self.plan, state, r.elbo[index, : int(r.num_steps[index])], self.mode)
 
+    @full_precision
     def pareto_k(self, rng_key: jax.Array, num_samples: int = 1000):
         """PSIS Pareto-k of q against the model (Yao et al. 2018): is the fit any good?
 
@@ -195,6 +197,7 @@ class BLRResult(NamedTuple):
         return dict(self.state.params)
 
     @property
+    @full_precision
     def posterior(self) -> dict:
         """Latent site name -> the fitted q marginal as a numpyro Distribution.
 
@@ -202,6 +205,7 @@ class BLRResult(NamedTuple):
         """
         return posterior_distributions(self.plan, self.natural_params)
 
+    @full_precision
     def sample(self, rng_key: jax.Array, num_samples: int) -> dict:
         """Joint draws from q, shaped like the model's sites: site -> ``(num_samples, *site_shape)``.
 
@@ -214,6 +218,7 @@ class BLRResult(NamedTuple):
 
         return draw(self, rng_key, num_samples).sites
 
+    @full_precision
     def get_samples(self, rng_key: Optional[jax.Array] = None, num_samples: int = 1000) -> dict:
         """NumPyro's name for :meth:`sample` (``rng_key`` defaults to ``key(0)``).
 
@@ -234,6 +239,7 @@ class BLRResult(NamedTuple):
 
         print_summary(self, prob, self.get_samples(rng_key, num_samples))
 
+    @full_precision
     def to_arviz(
         self,
         rng_key: Optional[jax.Array] = None,
@@ -266,6 +272,7 @@ class BLRResult(NamedTuple):
             restarts=restarts,
         )
 
+    @full_precision
     def influence(self, rng_key: Optional[jax.Array] = None, **options: Any):
         """Each observation's leave-one-out log predictive density and influence, without refitting.
 
@@ -278,6 +285,7 @@ class BLRResult(NamedTuple):
 
         return influence(self, rng_key, **options)
 
+    @full_precision
     def loo(self, rng_key: Optional[jax.Array] = None, **options: Any):
         """:meth:`influence` as ``arviz.ELPDData``, the output of ``az.loo`` (``az.compare`` takes it)."""
         from blrppl.influence import loo
