@@ -11,6 +11,11 @@ from blrppl.blr import driver
 from models import ZOO
 
 
+ON_CPU = pytest.mark.skipif(
+    jax.default_backend() != "cpu", reason="the cheap options are XLA:CPU's; accelerators keep XLA's defaults"
+)
+
+
 @pytest.fixture
 def restore_mode():
     previous = compile_mode.set_compile_mode("auto")  # whatever BLRPPL_COMPILE_MODE says
@@ -18,6 +23,7 @@ def restore_mode():
     compile_mode.set_compile_mode(previous)
 
 
+@ON_CPU
 def test_the_size_of_the_data_chooses_the_options(restore_mode):
     small = {"y": np.zeros(compile_mode.SMALL_DATA_BYTES // 8)}
     large = {"y": np.zeros(compile_mode.SMALL_DATA_BYTES // 8 + 1)}
@@ -32,6 +38,7 @@ def test_the_size_of_the_data_chooses_the_options(restore_mode):
         compile_mode.set_compile_mode("quick")
 
 
+@ON_CPU
 def test_the_driver_compiles_small_fits_with_the_cheap_options(restore_mode):
     entry = ZOO["linear_regression"]
     args, kwargs = entry.data()
@@ -67,6 +74,7 @@ def test_a_cheaply_compiled_function_can_be_called_inside_another_program():
     assert np.allclose(jax.vmap(double)(jnp.arange(3.0)), [0.0, 2.0, 4.0])
 
 
+@ON_CPU
 def test_one_shot_programs_compile_cheaply_up_to_a_larger_bound(restore_mode):
     """A start runs once per fit: data up to ONE_SHOT_BYTES take the cheap options there."""
     data = {"y": np.zeros(compile_mode.SMALL_DATA_BYTES // 4)}
@@ -166,3 +174,14 @@ def test_engines_trace_their_matrix_products_at_full_precision():
     finally:
         blrppl.engines.base.record_plan = original
     assert seen == ["highest"]
+
+
+@pytest.mark.skipif(jax.default_backend() == "cpu", reason="needs an accelerator")
+def test_accelerators_keep_xlas_defaults(restore_mode):
+    """Run where the default device is an accelerator (checked on an H200)."""
+    small = {"y": jnp.zeros(8)}
+    assert not compile_mode.fast_compile(small) and not compile_mode.fast_compile(small, compile_mode.ONE_SHOT_BYTES)
+    compile_mode.set_compile_mode("fast")
+    assert not compile_mode.fast_compile(small)
+    on_cpu = {"y": jax.device_put(np.zeros(8), jax.devices("cpu")[0])}
+    assert compile_mode.fast_compile(on_cpu)  # data committed to the host CPU still compile cheaply there
