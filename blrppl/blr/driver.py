@@ -99,7 +99,7 @@ def run(
 
     Convergence (``tol``): with deterministic site parameters, the run stops
     once ``|ELBO_t - ELBO_{t-1}| <= tol * |ELBO_t|`` held for two steps in a
-    row; with Monte Carlo site parameters (``algorithm.noisy``), once the
+    row (``tol`` at least :func:`elbo_resolution` of the ELBO's dtype); with Monte Carlo site parameters (``algorithm.noisy``), once the
     averaged q moved by at most ``tol`` (the largest KL divergence of a block
     over a window of steps) in two windows in a row, never on one noisy step;
     for an exact algorithm (``algorithm.exact``: conjugate Bayes), after the
