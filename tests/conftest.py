@@ -119,9 +119,10 @@ SLOW = (
     "tests/engines/test_full_gaussian.py::test_eight_schools_reaches_the_full_gaussian_optimum[eight_schools_centered",
     "tests/engines/test_full_gaussian.py::test_breast_cancer_logistic_reaches",
     "tests/engines/test_integrated.py::test_hierarchical_logistic_with_variational_inner_fits_matches_nuts",
-    # Twins in the default run: the linear regression's cheap-vs-default fit, the 1-d dense conditioning.
+    # Twins in the default run: the linear regression's cheap-vs-default fit, the 1-d dense conditioning and samples.
     "tests/test_compile_mode.py::test_cheap_and_default_compilations_fit_the_same_posterior[eight_schools_noncentered",
     "tests/families/test_chain_gaussian_passes.py::test_chain_gaussian_matches_dense_conditioning[2-sequential]",
+    "tests/families/test_chain_gaussian_passes.py::test_chain_gaussian_samples_match_moments[2-sequential]",
     # Twin in the default run: scalar_poisson.
     "tests/engines/test_robustness.py::test_broad_priors_land_on_the_posterior[logistic_s100]",
     "tests/engines/test_robustness.py::test_broad_priors_land_on_the_posterior[poisson_s100]",
