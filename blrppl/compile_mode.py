@@ -241,14 +241,18 @@ def _probe_program(jaxpr: Any, cheap: bool) -> Callable:
     text = str(jaxpr)
     if "callback" in text:
         return jax.jit(evaluate, compiler_options=options)
-    key = (text, cheap)
-    program = _PROBES.pop(key, None)
-    if program is None:
-        program = jax.jit(evaluate, compiler_options=options)
-    _PROBES[key] = program  # most recent last
-    while len(_PROBES) > _MAX_PROBES:
-        _PROBES.pop(next(iter(_PROBES)))
-    return program
+    return recently_used(_PROBES, (text, cheap), lambda: jax.jit(evaluate, compiler_options=options), _MAX_PROBES)
+
+
+def recently_used(cache: dict, key: Any, make: Callable[[], Any], limit: int) -> Any:
+    """``cache[key]``, made by ``make()`` if missing; the ``limit`` most recently used entries are kept."""
+    value = cache.pop(key, None)
+    if value is None:
+        value = make()
+    cache[key] = value  # most recent last
+    while len(cache) > limit:
+        cache.pop(next(iter(cache)))
+    return value
 
 
 def structure_of(fun: Callable, *args: Any) -> Any:

@@ -24,15 +24,16 @@ import contextlib
 import contextvars
 import functools
 import threading
-from collections import OrderedDict
 from typing import Any, Callable, Iterator, Optional
 
 import jax
 from jax.extend.core import ClosedJaxpr
 from jax.extend.core import primitives as _primitives
 
+from blrppl.compile_mode import recently_used
+
 _ACTIVE = contextvars.ContextVar("blrppl_loops_compiled_once", default=False)
-_PROGRAMS: OrderedDict = OrderedDict()
+_PROGRAMS: dict = {}
 _MAX_PROGRAMS = 256
 _LOCK = threading.Lock()
 _INSTALLED: dict = {}
@@ -68,12 +69,7 @@ def _structural_impl(primitive: Any, original: Callable) -> Callable:
         if not key:
             return original(*args, **params)
         with _LOCK:
-            program = _PROGRAMS.pop(key, None)
-            if program is None:
-                program = jax.jit(_bind(primitive, params))
-            _PROGRAMS[key] = program  # most recent last
-            while len(_PROGRAMS) > _MAX_PROGRAMS:
-                _PROGRAMS.popitem(last=False)
+            program = recently_used(_PROGRAMS, key, lambda: jax.jit(_bind(primitive, params)), _MAX_PROGRAMS)
         with jax.disable_jit(False):  # as JAX's own eager dispatch: never the Python body again
             return program(*args)
 
