@@ -23,10 +23,17 @@ the caller plans on the host (which raises the proper ``ModelError`` for bad
 data). ``jax.vmap`` of the same function replans a batch of data sets at once
 (:mod:`blrppl.engines.batch`).
 
-Plans whose arrays come from elsewhere than the recorded analyses (k-means
-starts from observations, GLM design matrices, missing-data masks, point
-estimates' initial values, minibatch plans, models that need concrete data)
-get no replanner: they are planned on the host every time, as before.
+Two kinds of arrays come from elsewhere than the recorded analyses and are
+replayed their own way: a GLM's design matrix and offset (computed by JAX
+from the model's code, :mod:`~blrppl.estimators.linear_predictor`) by the
+estimator's ``replay``, which also re-runs the checks that accepted the
+linear predictor (affinity, elementwise likelihood) on the new data; and the
+observations k-means starts from (mixtures, HMMs), re-read from the model
+replayed on the new data (:func:`~blrppl.blr.starts.points_reader`). Plans
+with missing data, point estimates' initial values, minibatches, data the
+model needs as concrete values, or a symbolic analysis that read the data
+off the tape (the body of a ``scan``) get no replanner, or a replanner whose
+guards fail: they are planned on the host every time, as before.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from numpyro.distributions import constraints
 from blrppl.blr.ahead import CompiledInBackground
 from blrppl.blr.config import Config
 from blrppl.blr.plan import Plan, make_plan
+from blrppl.blr.starts import points_reader
 from blrppl.compile_mode import SizeDependentJit
 from blrppl.estimators.base import example_latents
 from blrppl.graph import tape
@@ -60,10 +68,10 @@ class Replanner(NamedTuple):
 
     Attributes:
       plan: the reference plan (planned on the host from the first data).
-      replan: ``data arrays -> (factor leaves, ok)``, jitted (vmap-able).
+      replan: ``data arrays -> (replayed leaves, ok)``, jitted (vmap-able).
       compiled: ``replan`` compiled for the reference shapes (in a thread, while
         the first fit runs: :class:`~blrppl.blr.ahead.CompiledInBackground`).
-      treedef: the structure of ``plan.arrays.factors``.
+      treedef: the structure of ``(plan.arrays.factors, plan.arrays.starts)``.
       constants: per leaf of it, the reference value where it does not depend
         on the data, else None (the replayed value is used).
       batched: ``data arrays -> (PlanArrays, ok)`` vmapped over a leading
@@ -77,12 +85,12 @@ class Replanner(NamedTuple):
     constants: tuple
     batched: Callable
 
-    def arrays_for(self, factor_leaves: list, data_arrays: tuple) -> Any:
+    def arrays_for(self, leaves: list, data_arrays: tuple) -> Any:
         """The plan's :class:`~blrppl.estimators.base.PlanArrays` from replayed leaves."""
-        leaves = iter(factor_leaves)
-        merged = [c if c is not None else next(leaves) for c in self.constants]
-        factors = jax.tree_util.tree_unflatten(self.treedef, merged)
-        return self.plan.arrays._replace(factors=factors, data=tuple(data_arrays))
+        it = iter(leaves)
+        merged = [c if c is not None else next(it) for c in self.constants]
+        factors, starts = jax.tree_util.tree_unflatten(self.treedef, merged)
+        return self.plan.arrays._replace(factors=factors, starts=starts, data=tuple(data_arrays))
 
     def plan_for(self, data: ModelData) -> Optional[Plan]:
         """The plan for new data of the reference signature, or None (plan on the host).
@@ -145,13 +153,13 @@ def record_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, A
             plan = make_plan(model, model_args, model_kwargs, config)
     except Exception:  # noqa: BLE001 - whatever the recording tripped on, plain planning says it properly
         return make_plan(model, model_args, model_kwargs, config), None
-    leaves, treedef = jax.tree_util.tree_flatten(plan.arrays.factors)
+    taped = (plan.arrays.factors, plan.arrays.starts)
     plan = _concrete(plan)
     reason = rec.failed or _unsupported(plan)
     if reason is not None:
         return plan, None
     try:
-        replanner = _build(plan, rec, leaves, treedef, data)
+        replanner = _build(plan, rec, taped, data)
     except Exception:  # noqa: BLE001 - no fast path; the host plan stands
         return plan, None
     return plan, replanner
@@ -193,48 +201,80 @@ def _unsupported(plan: Plan) -> Optional[str]:
     if any(node.observed_mask is not None for node in graph.variables.values()):
         return "missing data"
     for est in plan.estimators + plan.start_estimators:
-        if est.arrays is not None and not isinstance(est.arrays, Analysis):
+        if est.arrays is not None and not isinstance(est.arrays, Analysis) and est.replay is None:
             return f"the estimator of {est.factor!r} reads arrays computed from the data"
-    if any("points" in entry for entry in plan.arrays.starts.values()):
-        return "starts computed from the observations"
+    for v, entry in plan.arrays.starts.items():
+        if "points" in entry and not points_reader(graph, v, plan.qs[v]).replayable:
+            return "k-means starts on observations that are partly missing"
     return None
 
 
-def _build(plan: Plan, rec: tape.Recording, leaves: list, treedef: Any, data: ModelData) -> Replanner:
-    constants, nodes, avals = [], [], []
-    for leaf, value in zip(leaves, jax.tree_util.tree_leaves(plan.arrays.factors)):
-        if tape.is_dual(leaf):
-            constants.append(None)
+def _build(plan: Plan, rec: tape.Recording, taped: tuple, data: ModelData) -> Replanner:
+    """The compiled replan of ``taped``, the recorded ``(factors, starts)`` of the plan's arrays.
+
+    Each leaf is replayed from the tape (a value the symbolic analysis computed from the
+    data), from its estimator's own ``replay`` (a GLM's design matrix), or re-read from the
+    observations (k-means points); any other leaf is a constant of the plan.
+    """
+    replayed = {est.factor: est for est in plan.estimators if est.replay is not None}
+    readers = {v: points_reader(plan.graph, v, plan.qs[v]) for v, e in plan.arrays.starts.items() if "points" in e}
+    paths, treedef = jax.tree_util.tree_flatten_with_path(taped)
+    values = jax.tree_util.tree_leaves((plan.arrays.factors, plan.arrays.starts))
+    constants, sources, nodes, avals = [], [], [], []
+    for (path, leaf), value in zip(paths, values):
+        part, key = path[0].idx, path[1].key
+        if part == 0 and key in replayed:
+            source = ("estimator", key)
+        elif part == 1 and key in readers and path[2].key == "points":
+            source = ("points", key)
+        elif tape.is_dual(leaf):
+            source = ("tape", len(nodes))
             nodes.append(leaf.node)
-            avals.append(jax.typeof(value))
         else:
             constants.append(leaf)
+            continue
+        constants.append(None)
+        sources.append(source)
+        avals.append(jax.typeof(value))
     order = tape.needed(nodes, rec.guards)
     guards = list(rec.guards)
-    observations_ok = _observation_checks(plan)
+    sites = _site_replay(plan)
 
     def replan(arrays):
-        values, ok = tape.replay(order, nodes, guards, arrays)
-        values = [lax_internal._convert_element_type(v, a.dtype, weak_type=a.weak_type) for v, a in zip(values, avals)]
-        return values, ok & observations_ok(arrays)
+        taped_values, ok = tape.replay(order, nodes, guards, arrays)
+        own = {}
+        for f, est in replayed.items():
+            out, good = est.replay(arrays)
+            own[f], ok = iter(jax.tree_util.tree_leaves(out)), ok & good
+        observed = sites(arrays)
+        ok = ok & _observations_valid(observed)
+        points = {}
+        for v, reader in readers.items():
+            points[v] = reader.read(lambda node: _observed_value(observed, node))
+            ok = ok & jnp.all(jnp.isfinite(points[v]))
+        out = []
+        for (kind, key), aval in zip(sources, avals):
+            value = taped_values[key] if kind == "tape" else next(own[key]) if kind == "estimator" else points[key]
+            out.append(lax_internal._convert_element_type(value, aval.dtype, weak_type=aval.weak_type))
+        return out, ok
 
     def full(arrays):
         values, ok = replan(arrays)
         it = iter(values)
-        factors = jax.tree_util.tree_unflatten(treedef, [c if c is not None else next(it) for c in constants])
-        return plan.arrays._replace(factors=factors, data=tuple(arrays)), ok
+        factors, starts = jax.tree_util.tree_unflatten(treedef, [c if c is not None else next(it) for c in constants])
+        return plan.arrays._replace(factors=factors, starts=starts, data=tuple(arrays)), ok
 
     fn = SizeDependentJit(replan, data_argnum=0)
     compiled = CompiledInBackground(fn.lower(tuple(data.arrays)))  # during the first fit
     return Replanner(plan, fn, compiled, treedef, tuple(constants), jax.jit(jax.vmap(full)))
 
 
-def _observation_checks(plan: Plan) -> Callable:
-    """``data arrays -> bool``: the observations are valid (see :mod:`blrppl.graph.validate`).
+def _site_replay(plan: Plan) -> Callable:
+    """``data arrays -> {site: replayed site}``: the model replayed on new data at fixed latents.
 
     Raises:
       ValueError: when a latent's distribution depends on the data (its start
-        would be stale) or an observation cannot be checked here.
+        would be stale).
     """
     graph = plan.graph
     values = {}
@@ -250,17 +290,29 @@ def _observation_checks(plan: Plan) -> Callable:
         return [jax.tree.leaves(s.fn) for s in sites(arrays).values() if not s.is_observed and s.fn is not None]
 
     deps = output_dependencies(prior_leaves, *graph.data.arrays)
-    if any(deps.outputs):
+    if any(deps.inputs_of(k) for k in range(len(deps.outputs))):  # data inputs, not a scan's tags
         raise ValueError("a latent's distribution depends on the data")
+    return sites
 
-    def check(arrays):
-        ok = jnp.asarray(True)
-        for site in sites(arrays).values():
-            if site.is_observed and site.fn is not None:
-                ok = ok & _valid(site)
-        return ok
 
-    return check
+def _observations_valid(sites: Mapping[str, Any]) -> jax.Array:
+    """Whether the observations are valid (see :mod:`blrppl.graph.validate`).
+
+    Raises:
+      ValueError: where an observation cannot be checked here.
+    """
+    ok = jnp.asarray(True)
+    for site in sites.values():
+        if site.is_observed and site.fn is not None:
+            ok = ok & _valid(site)
+    return ok
+
+
+def _observed_value(sites: Mapping[str, Any], node: Any) -> jax.Array:
+    """A factor's observed value from replayed sites (a loop chain's steps stacked, as traced)."""
+    if node.sites:
+        return jnp.stack([jnp.asarray(sites[s].value) for s in node.sites])
+    return jnp.asarray(sites[node.name].value)
 
 
 def _valid(site: Any) -> jax.Array:

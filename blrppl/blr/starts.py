@@ -18,7 +18,7 @@ arrays, compiled once with the rest of a fit.
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -49,15 +49,9 @@ def start_arrays(graph: Any, qs: Mapping[str, Any], estimators: tuple, init: Map
         entry: dict = {}
         if q.family.layout.example is None:
             entry["placeholder"] = _from_prior(q, node)
-        if q.family.index_valued:
-            points = _chain_observations(graph, v, q) if q.family.chain else None
-            sizes = () if q.family.chain else (q.shape[0],) if len(q.shape) == 1 else ()
-            for size in sizes:
-                points = _observations(graph, v, size)
-                if points is not None:
-                    break
-            if points is not None:
-                entry["points"] = points
+        reader = points_reader(graph, v, q) if q.family.index_valued else None
+        if reader is not None:
+            entry["points"] = jnp.asarray(reader.read(lambda node: node.value, np))
         priors = _prior_factors(graph, v)
         if q.family.gaussian and not q.family.chain and any(methods[f].estimated for f in priors):
             entry["gaussian"] = _gaussian_from_prior(q, node)
@@ -194,20 +188,47 @@ def _from_usual(from_usual: Any, matrix: bool, loc: jax.Array, var: jax.Array) -
     return from_usual(loc, covariance_matrix=var[..., None] * jnp.eye(loc.shape[-1]))
 
 
-def _observations(graph: Any, var: str, size: int) -> Optional[np.ndarray]:
-    """The observations a categorical latent of length ``size`` indexes (rows), if any."""
+class PointsReader(NamedTuple):
+    """How a categorical latent's k-means points are read from its observations.
+
+    ``read(value_of, xp)`` builds the points with ``xp`` (numpy on the host, where an
+    eager ``jax.numpy`` call would compile a program, or ``jax.numpy``) from
+    ``value_of(factor node)``, the factor's observed value: the traced one (the plan's
+    start) or one replayed on new data (a compiled replan, :mod:`blrppl.blr.replan`).
+    ``replayable``: choosing the factor read no value (no factor was skipped for
+    non-finite observations), so new data of the same shapes, with finite
+    observations, are read the same way.
+    """
+
+    read: Callable[..., Any]
+    factors: tuple[str, ...]
+    replayable: bool
+
+
+def points_reader(graph: Any, var: str, q: Any) -> Optional[PointsReader]:
+    """Where ``var``'s k-means points come from (:class:`PointsReader`), or None (random starts)."""
+    if q.family.chain:
+        return _chain_points(graph, var, q)
+    if len(q.shape) != 1:
+        return None
+    size = q.shape[0]
+    skipped = False
     for node in graph.factors.values():
         if node.kind != "likelihood" or var not in node.neighbours or node.value is None:
             continue
-        data = np.asarray(node.value, dtype=np.result_type(float, np.asarray(node.value).dtype))
-        if data.ndim == 0 or data.shape[0] != size or not np.all(np.isfinite(data)):
+        data = _as_float(np.asarray(node.value))
+        if data.ndim == 0 or data.shape[0] != size:
             continue
-        return jnp.asarray(np.reshape(data, (size, -1)), jnp.result_type(float))
+        if not np.all(np.isfinite(data)):
+            skipped = True
+            continue
+        layout = lambda xp, x: xp.reshape(x, (size, -1))  # noqa: E731
+        return PointsReader(_reader(graph, (node.name,), layout), (node.name,), not skipped)
     return None
 
 
-def _chain_observations(graph: Any, var: str, q: Any) -> Optional[jax.Array]:
-    """Observations of a discrete chain, one row per sequence and step: (B..., T or T - 1, D).
+def _chain_points(graph: Any, var: str, q: Any) -> Optional[PointsReader]:
+    """A discrete chain's observations, one row per sequence and step: (B..., T or T - 1, D).
 
     Read from one likelihood factor whose value has the sequences and steps
     as leading axes (in either order), or, for a chain written as a Python
@@ -216,28 +237,43 @@ def _chain_observations(graph: Any, var: str, q: Any) -> Optional[jax.Array]:
     batch, length = q.batch_shape, q.shape[q.num_batch]
     nb = len(batch)
     node = graph.variables[var]
-    values = []
+    finite, skipped = [], False
     for factor in graph.factors.values():
         if factor.kind != "likelihood" or var not in factor.neighbours or factor.value is None:
             continue
-        data = np.asarray(factor.value, dtype=np.result_type(float, np.asarray(factor.value).dtype))
+        data = _as_float(np.asarray(factor.value))
         if not np.all(np.isfinite(data)):
+            skipped = True
             continue
-        values.append(data)
+        finite.append((factor.name, data.shape))
         for steps in (length, length - 1):
             if data.shape[: nb + 1] == batch + (steps,):
-                rows = data
+                layout = functools.partial(lambda steps, xp, x: xp.reshape(x, batch + (steps, -1)), steps)
             elif data.shape[: nb + 1] == (steps,) + batch:
-                rows = np.moveaxis(data, 0, nb)
+                layout = functools.partial(
+                    lambda steps, xp, x: xp.reshape(xp.moveaxis(x, 0, nb), batch + (steps, -1)), steps
+                )
             else:
                 continue
-            return jnp.asarray(np.reshape(rows, batch + (steps, -1)), jnp.result_type(float))
+            return PointsReader(_reader(graph, (factor.name,), layout), (factor.name,), not skipped)
     if node.chain is not None and node.chain.kind == "markov":
-        steps = [d for d in values if d.shape[:nb] == batch]
-        if len(steps) in (length, length - 1) and len({d.shape for d in steps}) == 1:
-            rows = np.stack(steps, axis=nb)
-            return jnp.asarray(np.reshape(rows, batch + (len(steps), -1)), jnp.result_type(float))
+        steps = tuple(name for name, shape in finite if shape[:nb] == batch)
+        if len(steps) in (length, length - 1) and len({shape for name, shape in finite if name in steps}) == 1:
+            layout = lambda xp, *xs: xp.reshape(xp.stack(xs, axis=nb), batch + (len(steps), -1))  # noqa: E731
+            return PointsReader(_reader(graph, steps, layout), steps, not skipped)
     return None
+
+
+def _as_float(data: np.ndarray) -> np.ndarray:
+    return np.asarray(data, dtype=np.result_type(float, data.dtype))
+
+
+def _reader(graph: Any, factors: tuple[str, ...], layout: Callable[..., jax.Array]) -> Callable:
+    def read(value_of: Callable[[Any], Any], xp: Any = jnp) -> Any:
+        values = [xp.asarray(value_of(graph.factors[f]), jnp.result_type(float)) for f in factors]
+        return layout(xp, *values)
+
+    return read
 
 
 def _categorical_start(rng_key: jax.Array, q: Any, points: Optional[jax.Array]) -> Any:

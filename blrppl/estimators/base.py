@@ -14,7 +14,7 @@ the data as an argument and a new data set of the same shapes reuses it.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -128,6 +128,11 @@ class FactorEstimator(NamedTuple):
         per-observation two-number sites (a
         :class:`~blrppl.estimators.glm.ObservationSites`), which local-mode
         SVI stores and swaps (Eq. 60); else None.
+      replay: for ``arrays`` computed from the data by JAX code rather than
+        by the symbolic analysis (a GLM's design matrix), ``model data arrays
+        -> (arrays, ok)``: the same arrays for other data of the same shapes,
+        jit- and vmap-able, and whether the checks that chose this estimator
+        hold there (a compiled replan, :mod:`blrppl.blr.replan`); else None.
     """
 
     factor: str
@@ -140,6 +145,7 @@ class FactorEstimator(NamedTuple):
     sequential: bool = False
     subsample: Any = None
     observation_sites: Any = None
+    replay: Optional[Callable[[tuple], tuple[Any, Any]]] = None
 
 
 def var_info(q: Any) -> VarInfo:

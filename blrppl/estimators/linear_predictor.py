@@ -22,7 +22,6 @@ unusual model falls back to Monte Carlo instead of getting a wrong answer.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -57,12 +56,17 @@ class LinearPredictor(NamedTuple):
         analysed with), so the data can be an argument of compiled code.
       predict: ``(z, data) -> eta (n,)``, the affine map itself on other data
         of the same shapes (a minibatch's design rows are its Jacobian).
+      replay: ``data -> (design, offset, ok)`` for other data of the same
+        shapes, jit- and vmap-able: A and o there, and whether the checks
+        that accepted the structure (affinity, η-substitution, elementwise
+        ℓ) hold there too (a compiled replan, :mod:`blrppl.blr.replan`).
     """
 
     design: Array
     offset: Array
     log_likelihood: Callable[[Array], Array]
     predict: Callable[..., Array] = None
+    replay: Callable[..., tuple] = None
 
 
 class _Flat:
@@ -235,40 +239,49 @@ def find_linear_predictor(
         flat_eta = jnp.reshape(eta, (-1, num_obs))
         return jnp.reshape(jax.vmap(one)(flat_eta), batch + (num_obs,))
 
-    # One compiled program each (data as arguments): run eagerly, every operation of the
-    # model at all N rows would compile a program of its own (seconds of a first call).
-    # They run once per plan, so they compile cheaply (logistic N = 100,000: 0.9 s less),
-    # and once per structure (probe), so a new plan on new data compiles nothing.
-    cheap = fast_compile(data, ONE_SHOT_BYTES)
-    design_and_offset = probe(lambda z, d: (jax.jacfwd(predict)(z, d), predict(jnp.zeros_like(z), d)), cheap=cheap)
-    design, offset = design_and_offset(z0, data)
-    if not _checks_pass(fn, predict, log_likelihood, design, offset, z0, data, num_obs, rtol, cheap):
-        return None
-    return LinearPredictor(design, offset, log_likelihood, predict)
-
-
-def _checks_pass(fn, predict, log_likelihood, design, offset, z0, data, num_obs, rtol, cheap) -> bool:
-    """Affinity of the predictor, η-substitution reproducing ``fn``, elementwise ℓ."""
     rng = np.random.default_rng(0)
     z1 = z0 + jnp.asarray(rng.normal(size=z0.shape), z0.dtype)
-    tangent = jnp.asarray(rng.normal(size=(num_obs,)), design.dtype)
+    tangent = jnp.asarray(rng.normal(size=(num_obs,)), z0.dtype)
 
-    @functools.partial(probe, cheap=cheap)
-    def evaluate(z1, tangent, data, design, offset):
+    def design_and_offset(data: Any) -> tuple[Array, Array]:
+        return jax.jacfwd(predict)(z0, data), predict(jnp.zeros_like(z0), data)
+
+    def check_values(data: Any, design: Array, offset: Array) -> tuple:
+        """What :func:`_checks_hold` compares, at z1 and along ``tangent``."""
         eta1 = predict(z1, data)
         ell = lambda eta: log_likelihood(eta, data)  # noqa: E731
         diagonal = jax.jvp(ell, (eta1,), (jnp.ones_like(eta1),))[1]
         directional = jax.jvp(ell, (eta1,), (tangent.astype(eta1.dtype),))[1]
         return eta1, design @ z1 + offset, ell(eta1), jnp.reshape(fn(z1, data), (-1,)), diagonal, directional
 
-    eta1, affine, substituted, value, diagonal, directional = jax.device_get(
-        evaluate(z1, tangent, data, design, offset)
-    )
-    if not np.allclose(eta1, affine, rtol=rtol, atol=rtol):
-        return False
-    if not np.allclose(substituted, value, rtol=rtol, atol=rtol):
-        return False
-    scale = np.max(np.abs(diagonal)) + 1.0
-    return bool(np.all(np.isfinite(directional))) and bool(
-        np.max(np.abs(directional - diagonal * np.asarray(tangent))) <= rtol * scale
+    def replay(data: Any) -> tuple[Array, Array, Array]:
+        design, offset = design_and_offset(data)
+        return design, offset, _checks_hold(check_values(data, design, offset), tangent, rtol, jnp)
+
+    # One compiled program each (data as arguments): run eagerly, every operation of the
+    # model at all N rows would compile a program of its own (seconds of a first call).
+    # They run once per plan, so they compile cheaply (logistic N = 100,000: 0.9 s less),
+    # and once per structure (probe), so a new plan on new data compiles nothing.
+    cheap = fast_compile(data, ONE_SHOT_BYTES)
+    design, offset = probe(design_and_offset, cheap=cheap)(data)
+    values = jax.device_get(probe(check_values, cheap=cheap)(data, design, offset))
+    if not _checks_hold(values, np.asarray(tangent), rtol, np):
+        return None
+    return LinearPredictor(design, offset, log_likelihood, predict, replay)
+
+
+def _checks_hold(values: tuple, tangent: Array, rtol: float, xp: Any) -> Any:
+    """Affinity of the predictor, η-substitution reproducing ``fn``, elementwise ℓ.
+
+    ``values`` from ``check_values`` in :func:`find_linear_predictor`; ``xp`` is numpy
+    (a decision on the host) or jax.numpy (a replay's flag).
+    """
+    eta1, affine, substituted, value, diagonal, directional = values
+    scale = xp.max(xp.abs(diagonal)) + 1.0
+    tangent = xp.asarray(tangent).astype(diagonal.dtype)
+    return (
+        xp.allclose(eta1, affine, rtol=rtol, atol=rtol)
+        & xp.allclose(substituted, value, rtol=rtol, atol=rtol)
+        & xp.all(xp.isfinite(directional))
+        & (xp.max(xp.abs(directional - diagonal * tangent)) <= rtol * scale)
     )

@@ -431,8 +431,15 @@ def _predictor_estimator(factor: str, qs, predictor: LinearPredictor, names, sli
                 grads[v] = NormalStats(x=jnp.reshape(g - diagonal * m, shape), x_sq=jnp.reshape(0.5 * diagonal, shape))
         return jnp.sum(expected), grads
 
+    def replay(data_arrays):
+        design, offset, ok = predictor.replay(data_arrays)
+        return (design, offset), ok
+
     method = Method((), tuple(names), "quadrature")
-    return FactorEstimator(factor, tuple(names), method, estimate, (predictor.design, predictor.offset), closed_data=closed)
+    return FactorEstimator(
+        factor, tuple(names), method, estimate, (predictor.design, predictor.offset), closed_data=closed,
+        replay=None if closed else replay,
+    )
 
 
 def _auto_method(graph, factor, qs, examples, transforms, fixed, gaussians, others) -> str:

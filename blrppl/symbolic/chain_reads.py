@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from blrppl.graph import tape
 from blrppl.symbolic.compiled import StatRead
 from blrppl.symbolic.pairing import (
     Alternative,
@@ -182,7 +183,7 @@ def chain_categorical_reads(
             raise NonConjugate(
                 var, f"{describe_atom(atom)} is not a sufficient statistic of its chain Categorical q"
             )
-    if any(not np.all(np.isfinite(np.asarray(op.array, float))) for op in operands):
+    if any(not np.all(np.isfinite(tape.asarray(op.array, float))) for op in operands):  # guards a bool, not the data
         raise NonConjugate(
             var,
             f"a zero probability (log 0 = -inf) weights the states of {var!r}, and its chain "

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import jaxpr_as_fun
 
+from blrppl.graph import tape
 from blrppl.graph.jaxpr import input_dependencies
 from blrppl.symbolic.terms import NonConjugate
 from blrppl.symbolic.values import first_var, is_key, is_symbolic
@@ -67,9 +68,15 @@ def interpret_scan(interp: Any, eqn: Any, invals: Sequence[Any], used: Sequence[
             )
     fixed = [k for k in range(num_carry) if k not in random_carry]
     avals = [v.aval for v in eqn.invars]
+    # The concrete trajectory of the fixed carries reads only the inputs they depend on: data
+    # on a tape (:mod:`blrppl.graph.tape`) that they do not read enter it unguarded, so a
+    # replan on new data replays the symbolic program below instead of refusing all data.
+    read = _fixed_carry_inputs(depends, fixed, carry_in)
     examples = [
-        jnp.zeros(a.shape, a.dtype) if is_symbolic(v) else (v if is_key(v) else jnp.asarray(v))
-        for v, a in zip(invals, avals)
+        jnp.zeros(a.shape, a.dtype) if is_symbolic(v)
+        else v if is_key(v)
+        else jnp.asarray(v if i in read else tape.strip(v))
+        for i, (v, a) in enumerate(zip(invals, avals))
     ]
     fn = jaxpr_as_fun(body)
     consts_ex = examples[:num_consts]
@@ -121,3 +128,16 @@ def interpret_scan(interp: Any, eqn: Any, invals: Sequence[Any], used: Sequence[
             value = final_ex[k]
             carries.append(value if is_key(value) else np.asarray(value))
     return carries + ys
+
+
+def _fixed_carry_inputs(depends: Sequence[set], fixed: Sequence[int], carry_in: dict) -> set:
+    """The body inputs that the fixed (non-random) carries depend on, through each other."""
+    inputs, seen, stack = set(), set(), list(fixed)
+    while stack:
+        k = stack.pop()
+        if k in seen:
+            continue
+        seen.add(k)
+        inputs |= depends[k]
+        stack.extend(j for j in fixed if carry_in[j] in depends[k])
+    return inputs

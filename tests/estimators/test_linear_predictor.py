@@ -49,6 +49,27 @@ def test_the_predictor_and_its_design_are_read_off_the_code():
     np.testing.assert_allclose(found.log_likelihood(eta), poisson_with_intercept(jnp.array([0.1, 0.2, -0.3])))
 
 
+def logistic_coupled_by_data(z, data):
+    design, y, w = data
+    eta = design @ z
+    return dist.Bernoulli(logits=eta).log_prob(y) + w * jnp.sum(eta**2)  # every η_m in each term unless w = 0
+
+
+def test_the_replay_recomputes_the_design_and_rechecks_the_structure_on_new_data():
+    zero = jnp.asarray(0.0)
+    found = find_linear_predictor(logistic_coupled_by_data, jnp.zeros(2), (X, BINARY, zero))
+    assert found is not None  # with w = 0 each term reads its own η_n
+    design, offset, ok = jax.jit(found.replay)((2.0 * X, 1.0 - BINARY, zero))
+    np.testing.assert_allclose(design, 2.0 * X, rtol=1e-14)
+    np.testing.assert_allclose(offset, 0.0)
+    assert bool(ok)
+    # w = 0.3: the same code is no longer elementwise in η; the host would refuse it too.
+    assert not bool(jax.jit(found.replay)((X, BINARY, jnp.asarray(0.3)))[2])
+    assert find_linear_predictor(logistic_coupled_by_data, jnp.zeros(2), (X, BINARY, jnp.asarray(0.3))) is None
+    batch = jax.vmap(found.replay)((jnp.stack([X, X]), jnp.stack([BINARY, BINARY]), jnp.asarray([0.0, 0.3])))
+    assert batch[2].tolist() == [True, False]
+
+
 def test_the_likelihood_takes_other_data_of_the_same_shapes():
     found = find_linear_predictor(logistic_of_data, jnp.zeros(2), (X, BINARY))
     np.testing.assert_allclose(found.design, X)
