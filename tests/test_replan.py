@@ -28,6 +28,7 @@ CASES = [
     ("logistic_regression", blrppl.NonConjugateVI),  # a GLM's design matrix, replayed by its own code
     ("gaussian_mixture", blrppl.VMP),  # k-means starts on the observations
     ("hmm_markov", blrppl.VMP),  # a loop chain's k-means points, stacked over its steps
+    ("hmm", blrppl.VMP),  # a scan: its symbolic analysis on the tape
 ]
 
 
