@@ -8,6 +8,10 @@ change a decision of the first plan (a term dropped for a zero coefficient)
 or fail validation are planned on the host, which says what is wrong.
 """
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -194,3 +198,22 @@ def test_a_batch_is_replanned_in_one_call_and_equals_single_fits(rng_key):
     ys[2, 0] = np.nan  # fails the compiled checks, so it is planned on the host, which reports it
     with pytest.raises(blrppl.ModelError, match="NaN"):
         engine.run_batched(rng_key, 100, *args, tol=1e-10, y=ys)
+
+
+def test_a_process_that_ends_while_the_planner_compiles_exits_cleanly(tmp_path):
+    # The compiled planner compiles in a thread; a daemon thread inside XLA at exit aborted the process.
+    script = tmp_path / "plan_and_exit.py"
+    script.write_text(
+        "import jax\n"
+        "jax.config.update('jax_enable_x64', True)\n"
+        "import blrppl\n"
+        "from models import ZOO\n"
+        "entry = ZOO['logistic_regression']\n"
+        "args, kwargs = entry.data()\n"
+        "assert blrppl.NonConjugateVI(entry.model).plan(*args, **kwargs) is not None\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("BLRPPL_COMPILATION_CACHE", None)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=root, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -113,7 +113,8 @@ class CompiledInBackground:
     def __init__(self, lowered: Any):
         self._lowered = lowered
         self._compiled = None
-        self._worker = threading.Thread(target=self._compile, daemon=True)
+        # Not a daemon: a process that ends while XLA compiles in a daemon thread aborts.
+        self._worker = threading.Thread(target=self._compile, daemon=False)
         self._worker.start()
 
     def _compile(self) -> None:
