@@ -30,10 +30,11 @@ estimator's ``replay``, which also re-runs the checks that accepted the
 linear predictor (affinity, elementwise likelihood) on the new data; and the
 observations k-means starts from (mixtures, HMMs), re-read from the model
 replayed on the new data (:func:`~blrppl.blr.starts.points_reader`). Plans
-with missing data, point estimates' initial values, minibatches, data the
-model needs as concrete values, or a symbolic analysis that read the data
-off the tape (the body of a ``scan``) get no replanner, or a replanner whose
-guards fail: they are planned on the host every time, as before.
+with missing data imputed as latents, minibatches, data the model needs as
+concrete values, a latent's distribution or a point estimate's initial value
+computed from the data get no replanner; analyses that read data values off
+the tape get one whose guards fail on data that differ there. Those are
+planned on the host every time, as before.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from blrppl.graph import tape
 from blrppl.graph.data import ModelData, split_model_data
 from blrppl.graph.dependencies import output_dependencies
 from blrppl.graph.families import base_distribution
-from blrppl.graph.replay import replay
+from blrppl.graph.replay import replay, run_model, split_latents
 from blrppl.symbolic.compiled import Analysis
 
 
@@ -196,8 +197,8 @@ def _unsupported(plan: Plan) -> Optional[str]:
     graph = plan.graph
     if plan.data_static or any(e.closed_data for e in plan.estimators):
         return "the model needs concrete data"
-    if plan.subsample is not None or plan.imputed or plan.orphans or plan.init_params:
-        return "minibatches, missing data or point estimates"
+    if plan.subsample is not None or plan.imputed or plan.orphans:
+        return "minibatches or missing data"
     if any(node.observed_mask is not None for node in graph.variables.values()):
         return "missing data"
     for est in plan.estimators + plan.start_estimators:
@@ -292,6 +293,16 @@ def _site_replay(plan: Plan) -> Callable:
     deps = output_dependencies(prior_leaves, *graph.data.arrays)
     if any(deps.inputs_of(k) for k in range(len(deps.outputs))):  # data inputs, not a scan's tags
         raise ValueError("a latent's distribution depends on the data")
+    if graph.params:  # point estimates (EM) start from their initial values, which the plan keeps
+
+        def initial_params(*arrays):
+            args, kwargs = graph.data.rebuild(arrays)
+            trace = run_model(graph.model, args, kwargs, split_latents(graph, values)).trace
+            return [trace[name]["value"] for name in graph.params]
+
+        deps = output_dependencies(initial_params, *graph.data.arrays)
+        if any(deps.inputs_of(k) for k in range(len(deps.outputs))):
+            raise ValueError("a point estimate's initial value depends on the data")
     return sites
 
 
