@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-import jax
 import numpy as np
 
 from blrppl.symbolic import algebra
+from blrppl.symbolic.host import on_positions
 from blrppl.symbolic.terms import (
     Index,
     Labels,
@@ -78,11 +78,11 @@ def _dynamic_slice(interp: Any, eqn: Any, operand: Any, *starts: Any) -> Any:
     var = z_atom.var
     _, num = interp.categorical[var]
     operand_shape = tuple(eqn.invars[0].aval.shape)
-    iota = jax.device_put(np.arange(int(np.prod(operand_shape)), dtype=np.int32).reshape(operand_shape))
+    iota = np.arange(int(np.prod(operand_shape)), dtype=np.int32).reshape(operand_shape)
     positions = []
     for k in range(num):
-        args = [jax.device_put(np.asarray(k if is_symbolic(v) else v, np.int32)) for v in starts]
-        positions.append(np.asarray(eqn.primitive.bind(iota, *args, **eqn.params)))
+        args = [np.asarray(k if is_symbolic(v) else v, np.int32) for v in starts]
+        positions.append(on_positions(eqn, eqn.params, [iota, *args]))
     extended = algebra.reindex(as_poly(operand, interp.space), np.stack(positions, -1), interp.space)
     category = extended.labels[-1]
     # The selector reads z where the index came from (z itself, or one
@@ -121,8 +121,8 @@ def _enumerate_gather(interp: Any, eqn: Any, operand: Any, indices: Any) -> Poly
     positions = []
     for k in range(num):
         idx_k = densify_categorical(poly, var, k, z_value_shape, space).astype(np.int32)
-        iota = jax.device_put(np.arange(int(np.prod(operand_shape)), dtype=np.int32).reshape(operand_shape))
-        positions.append(np.asarray(eqn.primitive.bind(iota, jax.device_put(idx_k), **int_params("gather", params))))
+        iota = np.arange(int(np.prod(operand_shape)), dtype=np.int32).reshape(operand_shape)
+        positions.append(on_positions(eqn, int_params("gather", params), [iota, idx_k]))
     positions = np.stack(positions, axis=-1)
     extended = algebra.reindex(as_poly(operand, space), positions, space)
     category_label = extended.labels[-1]

@@ -109,7 +109,59 @@ def _convert(x, *, new_dtype, **_):
     return x.astype(new_dtype)
 
 
+def _gather(operand, indices, *, dimension_numbers, slice_sizes, mode, fill_value=None, **_):
+    """XLA's gather (the index vector on the last axis of ``indices``, as JAX writes it).
+
+    Each batch position reads the window of ``slice_sizes`` that starts at its index vector
+    (mapped to operand axes by ``start_index_map``; a vmapped gather's operand batching axes
+    are at the batch position's own row); out-of-range starts are clamped, or the window is
+    ``fill_value`` under ``FILL_OR_DROP``. Collapsed and batching axes are dropped, and the
+    window's other axes land at ``offset_dims`` of the output, the batch axes around them.
+    """
+    dn = dimension_numbers
+    batch_shape, sizes, dims = indices.shape[:-1], np.asarray(slice_sizes), np.asarray(operand.shape)
+    starts = np.zeros((int(np.prod(batch_shape)), operand.ndim), np.int64)
+    starts[:, list(dn.start_index_map)] = np.reshape(indices, (-1, indices.shape[-1]))
+    positions = np.reshape(np.indices(batch_shape), (len(batch_shape), len(starts)))  # vmapped: batch i reads
+    for axis, batch_axis in zip(dn.operand_batching_dims, dn.start_indices_batching_dims):  # operand row i
+        starts[:, axis] = positions[batch_axis]
+    outside = np.any((starts < 0) | (starts > dims - sizes), axis=1)
+    starts = np.clip(starts, 0, dims - sizes)
+    grids = [
+        np.reshape(starts[:, d], (-1,) + (1,) * operand.ndim)
+        + np.reshape(np.arange(sizes[d]), (1,) + tuple(-1 if e == d else 1 for e in range(operand.ndim)))
+        for d in range(operand.ndim)
+    ]
+    window = operand[tuple(grids)]  # (batch, *slice_sizes)
+    if str(mode).endswith("FILL_OR_DROP"):
+        fill = _fill_value(operand.dtype, fill_value)
+        window = np.where(np.reshape(outside, (-1,) + (1,) * operand.ndim), fill, window)
+    window = np.squeeze(window, axis=tuple(1 + d for d in dn.collapsed_slice_dims + dn.operand_batching_dims))
+    window = np.reshape(window, batch_shape + window.shape[1:])
+    return np.moveaxis(window, list(range(len(batch_shape), window.ndim)), list(dn.offset_dims))
+
+
+def _fill_value(dtype: Any, fill_value: Any) -> Any:
+    """``FILL_OR_DROP``'s value: the given one, else NaN, the most negative or the largest integer."""
+    if fill_value is not None:
+        return fill_value
+    if dtype.kind in "fc":
+        return np.nan
+    if dtype.kind == "b":
+        return True
+    info = np.iinfo(dtype)
+    return info.min if dtype.kind == "i" else info.max
+
+
+def _dynamic_slice(x, *starts, slice_sizes):
+    """XLA's dynamic_slice: the window at ``starts``, each clamped so that it fits."""
+    starts = [int(np.clip(s, 0, d - n)) for s, d, n in zip(starts, x.shape, slice_sizes)]
+    return x[tuple(slice(s, s + n) for s, n in zip(starts, slice_sizes))]
+
+
 _STRUCTURAL: dict[str, Callable] = {
+    "gather": _gather,
+    "dynamic_slice": _dynamic_slice,
     "select_n": _select_n,
     "broadcast_in_dim": _broadcast_in_dim,
     "reshape": _reshape,
@@ -164,3 +216,14 @@ def evaluate(
         return None
     out = np.array(out, dtype=dtype)  # a fresh contiguous array of the equation's dtype
     return out if out.shape == shape else None
+
+
+def on_positions(eqn: Any, params: dict, args: list) -> np.ndarray:
+    """``eqn``'s primitive run on integer positions (an int32 iota in place of its operand):
+    in numpy where :func:`evaluate` has it (exact on integers), else one XLA call."""
+    out = evaluate(eqn.primitive.name, params, [np.asarray(a) for a in args], np.int32, tuple(eqn.outvars[0].aval.shape))
+    if out is not None:
+        return out
+    import jax  # noqa: PLC0415 - the rest of this module is numpy only
+
+    return np.asarray(eqn.primitive.bind(*[jax.device_put(a) for a in args], **params))

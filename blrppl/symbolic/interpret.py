@@ -39,7 +39,7 @@ from blrppl.graph.jaxpr import (
     walk,
 )
 from blrppl.symbolic import algebra, categorical, rules
-from blrppl.symbolic.host import evaluate, host_bind
+from blrppl.symbolic.host import host_bind, on_positions
 from blrppl.symbolic.scan import interpret_scan
 from blrppl.symbolic.terms import Labels, NonConjugate
 from blrppl.symbolic.values import as_poly, first_var, int_params, is_key, is_symbolic
@@ -173,11 +173,7 @@ def _identity(eqn: Any, invals: list) -> Any:
 
 def _positions(eqn: Any, params: dict, args: list) -> np.ndarray:
     """The primitive of ``eqn`` on integer positions (in numpy where it is exact there)."""
-    params = int_params(eqn.primitive.name, params)
-    out = evaluate(eqn.primitive.name, params, args, np.int32, tuple(eqn.outvars[0].aval.shape))
-    if out is not None:
-        return out
-    return np.asarray(eqn.primitive.bind(*[jax.device_put(a) for a in args], **params))
+    return on_positions(eqn, int_params(eqn.primitive.name, params), args)
 
 
 class _NeedsXLA(Exception):

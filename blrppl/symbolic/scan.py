@@ -73,7 +73,7 @@ def interpret_scan(interp: Any, eqn: Any, invals: Sequence[Any], used: Sequence[
     # replan on new data replays the symbolic program below instead of refusing all data.
     read = _fixed_carry_inputs(depends, fixed, carry_in)
     examples = [
-        jnp.zeros(a.shape, a.dtype) if is_symbolic(v)
+        jnp.asarray(np.zeros(a.shape, a.dtype)) if is_symbolic(v)  # a transfer, where jnp.zeros compiles
         else v if is_key(v)
         else jnp.asarray(v if i in read else tape.strip(v))
         for i, (v, a) in enumerate(zip(invals, avals))

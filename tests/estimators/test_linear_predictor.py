@@ -66,7 +66,7 @@ def test_the_replay_recomputes_the_design_and_rechecks_the_structure_on_new_data
     # w = 0.3: the same code is no longer elementwise in η; the host would refuse it too.
     assert not bool(jax.jit(found.replay)((X, BINARY, jnp.asarray(0.3)))[2])
     assert find_linear_predictor(logistic_coupled_by_data, jnp.zeros(2), (X, BINARY, jnp.asarray(0.3))) is None
-    batch = jax.vmap(found.replay)((jnp.stack([X, X]), jnp.stack([BINARY, BINARY]), jnp.asarray([0.0, 0.3])))
+    batch = jax.jit(jax.vmap(found.replay))((jnp.stack([X, X]), jnp.stack([BINARY, BINARY]), jnp.asarray([0.0, 0.3])))
     assert batch[2].tolist() == [True, False]
 
 

@@ -115,3 +115,47 @@ def test_float32_constants_stay_float32_and_agree(name, jax_fn):
     assert mine.dtype == np.float32
     # float32 ulps; XLA:CPU's own lgamma is up to 8e-6 off near its roots, numpy's 2e-6
     np.testing.assert_allclose(mine, np.asarray(jax.jit(jax_fn)(x)), rtol=2e-6, atol=1e-5)
+
+
+_GATHERS = {
+    "rows": lambda x, i: x[i],
+    "columns": lambda x, i: x[:, i % 4],
+    "pairs": lambda x, i: x[i, i % 4],
+    "around a slice": lambda x, i: x[i, :, i % 3],
+    "last axis": lambda x, i: x[..., i % 3],
+    "broadcast indices": lambda x, i: x[i[:2, None], i % 4],
+    "scalar index": lambda x, i: x.ravel()[i[1]],
+    "fill out of bounds": lambda x, i: x.at[i + 3].get(mode="fill"),
+    "fill value": lambda x, i: x.at[i + 3].get(mode="fill", fill_value=-1),
+    "clip": lambda x, i: x.at[i - 2].get(mode="clip"),
+    "dynamic slice": lambda x, i: jax.lax.dynamic_slice(x, (i[1], 1, 0), (2, 2, 3)),
+    "vmapped rows": lambda x, i: jax.vmap(lambda row, j: row[j])(x, i[:5] % 4),
+    "vmapped columns": lambda x, i: jax.vmap(lambda row, j: row[:, j])(x, i[:5] % 3),
+    "vmapped pairs": lambda x, i: jax.vmap(lambda row, j: row[j, j % 3])(x, i[:5] % 4),
+    "vmapped twice": lambda x, i: jax.vmap(jax.vmap(lambda r, j: r[j], in_axes=(0, None)))(x, i[:5] % 3),
+    "vmapped fill": lambda x, i: jax.vmap(lambda row, j: row.at[j + 2].get(mode="fill", fill_value=-7))(x, i[:5]),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int32])
+def test_gathers_and_dynamic_slices_equal_xla(dtype):
+    """Index remapping (a model's ``x[idx]``, vmapped in a scan body) in numpy, bit for bit."""
+    operand = np.random.default_rng(3).normal(size=(5, 4, 3)).astype(dtype)
+    indices = np.array([0, 4, 2, 1, 3, 2])
+    checked = set()
+    for name, fn in _GATHERS.items():
+        closed = jax.make_jaxpr(fn)(operand, indices)
+        env = dict(zip(closed.jaxpr.invars, (operand, indices)))
+        env.update(zip(closed.jaxpr.constvars, map(np.asarray, closed.consts)))
+        for eqn in closed.jaxpr.eqns:
+            args = [np.asarray(v.val) if hasattr(v, "val") else env[v] for v in eqn.invars]
+            outs = eqn.primitive.bind(*map(jnp.asarray, args), **eqn.params)
+            outs = outs if eqn.primitive.multiple_results else [outs]
+            if eqn.primitive.name in ("gather", "dynamic_slice"):
+                (out,) = eqn.outvars
+                mine = host.evaluate(eqn.primitive.name, eqn.params, args, np.dtype(out.aval.dtype), out.aval.shape)
+                assert mine is not None, name
+                np.testing.assert_array_equal(mine, np.asarray(outs[0]), err_msg=name)
+                checked.add(name)
+            env.update(zip(eqn.outvars, map(np.asarray, outs)))
+    assert checked == set(_GATHERS)
