@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 
-from blrppl.compile_mode import size_dependent_jit
+from blrppl.compile_mode import probe, size_dependent_jit
 from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, PlanArrays, owner
 
@@ -140,16 +140,24 @@ def user_start(q: Any, natural: Any, start: Any) -> Any:
 
 
 def _from_prior(q: Any, node: Any) -> Any:
-    """A valid member of the variable's family with the right shapes, from its prior."""
+    """A valid member of the variable's family with the right shapes, from its prior.
+
+    One compiled program (:func:`~blrppl.compile_mode.probe`, once per structure), where
+    its few ``jnp`` operations run eagerly would compile one program each.
+    """
+
+    def placeholder(prior: Any) -> Any:
+        natural = q.family.from_numpyro(prior)
+        num_batch = len(q.family.batch_shape(natural))
+        return jax.tree.map(lambda a: jnp.broadcast_to(a, q.batch_shape + jnp.shape(a)[num_batch:]), natural)
+
     try:
-        natural = q.family.from_numpyro(node.prior)
+        return probe(placeholder)(node.prior)
     except Exception as error:  # noqa: BLE001 - re-raised with the site named
         raise ModelError(
             f"site {q.name!r}: cannot start q ({q.family.name}) from the prior {type(node.prior).__name__} "
             f"({error}); pass init= or choose another family."
         ) from None
-    num_batch = len(q.family.batch_shape(natural))
-    return jax.tree.map(lambda a: jnp.broadcast_to(a, q.batch_shape + jnp.shape(a)[num_batch:]), natural)
 
 
 def _gaussian_from_prior(q: Any, node: Any) -> Any:
