@@ -143,7 +143,8 @@ def _from_prior(q: Any, node: Any) -> Any:
     """A valid member of the variable's family with the right shapes, from its prior.
 
     One compiled program (:func:`~blrppl.compile_mode.probe`, once per structure), where
-    its few ``jnp`` operations run eagerly would compile one program each.
+    its few ``jnp`` operations run eagerly would compile one program each; eagerly where
+    the family reads the prior's values (a ``Uniform(0, 1)`` is a Beta(1, 1)).
     """
 
     def placeholder(prior: Any) -> Any:
@@ -153,6 +154,10 @@ def _from_prior(q: Any, node: Any) -> Any:
 
     try:
         return probe(placeholder)(node.prior)
+    except Exception:  # noqa: BLE001 - e.g. a family that recognises the prior by its values
+        pass
+    try:
+        return placeholder(node.prior)
     except Exception as error:  # noqa: BLE001 - re-raised with the site named
         raise ModelError(
             f"site {q.name!r}: cannot start q ({q.family.name}) from the prior {type(node.prior).__name__} "
