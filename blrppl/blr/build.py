@@ -25,7 +25,7 @@ from blrppl.blr.incremental import build_store
 from blrppl.blr.minibatch import batch_key, minibatch, put_rows, take_rows
 from blrppl.blr.mstep import build_m_step
 from blrppl.blr.newton import MAX_NEWTON_SIZE, newton_candidate, newton_size
-from blrppl.blr.plan import Plan
+from blrppl.blr.plan import Plan, on_one_block_each
 from blrppl.blr.restarts import random_params, random_start
 from blrppl.blr.schedules import as_schedule
 from blrppl.blr.starts import initial_natural
@@ -91,7 +91,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     # error is a ridge Newton would climb (UCBadmit), so cubature fits keep the BLR step alone.
     cubature = any(e.method.estimator == "cubature" for e in plan.estimators)
     newton = config.newton and guard and mode == "global" and not plan.init_params and not average and not cubature
-    exact = exact_after_one_step(plan, config)
+    exact = exact_after_one_step(plan, config, fixed_params=fixed_params)
 
     def batch_of(state: BLRState, t: jax.Array) -> Optional[jax.Array]:
         if sub is None:
@@ -295,7 +295,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     )
 
 
-def exact_after_one_step(plan: Plan, config: Config) -> bool:
+def exact_after_one_step(plan: Plan, config: Config, *, fixed_params: bool = False) -> bool:
     """Whether one step from any q is the fixed point (conjugate Bayes, Khan & Rue Sec. 5.1).
 
     True when ``config`` asks for the posterior in q's family (every factor
@@ -305,14 +305,16 @@ def exact_after_one_step(plan: Plan, config: Config) -> bool:
     point estimates, minibatches, Newton start or integrated orphan rows):
     then λ = Σ_f λ̃_f after the first step (Eq. 58, and Eq. 60 with every
     site refreshed), whatever the start, unless the safeguard rejected it.
+    With ``fixed_params`` (EM's E-step alone, any engine's options) the point
+    estimates do not move and every factor on one q block is enough.
     """
     methods = [e.method for e in plan.estimators]
     return bool(
-        config.posterior_in_family
+        (config.posterior_in_family or (fixed_params and on_one_block_each(plan)))
         and not callable(config.learning_rate)
         and float(config.learning_rate) == 1.0
         and all(not m.estimated and not m.enumerated for m in methods)
-        and not plan.init_params
+        and (fixed_params or not plan.init_params)
         and plan.subsample is None
         and not plan.orphans
         and not plan.start_estimators

@@ -19,6 +19,7 @@ import numpy as np
 from numpyro.distributions import constraints
 
 from blrppl.blr import driver
+from blrppl.compile_mode import SizeDependentJit, recently_used
 from blrppl.errors import ModelError
 
 #: How far towards a boundary the parameter moves on its unconstrained space.
@@ -42,29 +43,66 @@ def _directions(constraint: Any) -> list[tuple[float, str]]:
 def boundary_estimates(plan: Any, e_step: Any, state: Any, elbo: float) -> tuple[str, ...]:
     """Messages for the point estimates whose bound is no lower at a boundary of their support.
 
+    Every trial (one estimate moved towards one boundary) runs its E-steps in one
+    compiled, vmapped call (:func:`_bounds_program`).
+
     Args:
       plan: the fit's plan; ``e_step`` its algorithm without an M-step.
       state: the fit's final state; ``elbo``: its final bound.
     """
+    trials = tuple(
+        (name, direction, words)
+        for name in state.params
+        if plan.graph.params.get(name) is not None and plan.param_transforms.get(name) is not None
+        for direction, words in _directions(plan.graph.params[name].constraint)
+    )
+    if not trials:
+        return ()
+    program = _bounds_program(e_step, tuple((name, direction) for name, direction, _ in trials), plan.param_transforms)
+    bounds, moved = jax.device_get(program(state, plan.arrays))  # one transfer
     flags = []
-    for name, value in state.params.items():
-        node = plan.graph.params.get(name)
-        transform = plan.param_transforms.get(name)
-        if node is None or transform is None:
-            continue
-        for direction, words in _directions(node.constraint):
-            moved = transform(transform.inv(value) + direction * BOUNDARY_SHIFT)
-            trial = state._replace(params={**state.params, name: moved}, step=jnp.zeros((), jnp.int32))
-            _, trace, _ = driver.run(e_step, jax.random.key(0), E_STEPS, plan.arrays, init_state=trial, progress_bar=False)
-            bound = float(trace[-1])
-            if bound >= elbo - 1e-9 * (1.0 + abs(elbo)):
-                flags.append(
-                    f"site {name!r}: the likelihood is no lower with the estimate moved towards {words} "
-                    f"({bound:.6g} at {float(jnp.ravel(moved)[0]):.3g} vs {elbo:.6g} at the estimate): its maximum "
-                    "lies on the boundary, where EM converges ever more slowly and the fitted q is degenerate; "
-                    "treat the estimate as that boundary value, or put a prior on the site (a latent sample site)"
-                )
+    for (name, _, words), bound, value in zip(trials, bounds, moved):
+        bound = float(bound)
+        if bound >= elbo - 1e-9 * (1.0 + abs(elbo)):
+            flags.append(
+                f"site {name!r}: the likelihood is no lower with the estimate moved towards {words} "
+                f"({bound:.6g} at {float(value):.3g} vs {elbo:.6g} at the estimate): its maximum "
+                "lies on the boundary, where EM converges ever more slowly and the fitted q is degenerate; "
+                "treat the estimate as that boundary value, or put a prior on the site (a latent sample site)"
+            )
     return tuple(flags)
+
+
+_PROGRAMS: dict = {}
+
+
+def _bounds_program(e_step: Any, trials: tuple, transforms: Mapping[str, Any]) -> Any:
+    """``(state, arrays) -> (bounds, moved)``, compiled once per E-step algorithm and trials.
+
+    Trial i moves estimate ``trials[i][0]`` by ``trials[i][1] * BOUNDARY_SHIFT`` on its
+    unconstrained space, keeps the others, and runs up to ``E_STEPS`` E-steps from the
+    fit's q (``tol=0``: until the bound moves by rounding only; one step where the E-step
+    is exact); ``bounds[i]`` is its last bound and ``moved[i]`` the moved value's first
+    element (for the message). The transforms are the plan's (fixed by the algorithm's
+    signature).
+    """
+
+    def bounds(state, arrays):
+        params = []
+        for name, direction in trials:
+            transform = transforms[name]
+            params.append({**state.params, name: transform(transform.inv(state.params[name]) + direction * BOUNDARY_SHIFT)})
+        stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *params)
+        states = jax.vmap(lambda p: state._replace(params=p, step=jnp.zeros((), jnp.int32)))(stacked)
+        moved = jnp.stack([jnp.ravel(p[name])[0] for p, (name, _) in zip(params, trials)])
+        return driver.last_elbos(e_step, arrays, states, E_STEPS, 0.0), moved
+
+    return recently_used(
+        _PROGRAMS, (e_step, trials), lambda: SizeDependentJit(bounds, data_argnum=1, one_shot=True), _MAX_PROGRAMS
+    )
+
+
+_MAX_PROGRAMS = 32
 
 
 #: Fewest steps before a steady climb of the ELBO can be told from a slow convergence.

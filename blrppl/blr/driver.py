@@ -358,6 +358,20 @@ def _init_with_restarts(algorithm, random_algorithm, tests, num_restarts, rng_ke
     return states, _valid(tests, jax.tree.map(lambda a: a[0], states.natural))
 
 
+def last_elbos(algorithm: InferenceAlgorithm, arrays: Any, states: BLRState, num_steps: int, tol: float) -> jax.Array:
+    """The ELBO after up to ``num_steps`` steps (stopping by ``tol`` as :func:`run`) from each
+    state of ``states`` (stacked on a leading axis): one vmapped loop, to be traced inside a
+    compiled caller (no host round trip)."""
+    threshold, buffer, previous, hits = _loop_inputs(num_steps, tol)
+    start, stop = np.asarray(0, np.int32), np.asarray(num_steps, np.int32)
+
+    def one(state):
+        end, _, trace, _, _ = _chunk(algorithm, arrays, _lean(algorithm, state), buffer, start, stop, previous, hits, threshold)
+        return trace[end - 1]
+
+    return _over_restarts(algorithm, one, (0,), states)
+
+
 @functools.partial(jax.jit, static_argnums=2)
 def take(tree: Any, index: jax.Array, axis: int = 0) -> Any:
     """Row ``index`` of every leaf of ``tree`` along ``axis``, in one compiled call."""

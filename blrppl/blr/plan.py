@@ -456,6 +456,12 @@ def _check_posterior_in_family(graph: FactorGraph, estimators, config: Config) -
             )
 
 
+def on_one_block_each(plan: Plan) -> bool:
+    """Whether every factor touches one q block (no two variables, no two independent
+    positions of one variable in a term): then each site parameter is free of q (Sec. 5.1)."""
+    return all(len(est.neighbours) <= 1 and _coupled_variable(est) is None for est in plan.estimators)
+
+
 def _coupled_variable(estimator: FactorEstimator) -> Optional[str]:
     """A variable two of whose independent q blocks meet in one term, if any."""
     analysis = estimator.analysis

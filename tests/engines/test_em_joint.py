@@ -49,3 +49,18 @@ def test_bound_is_the_log_likelihood_and_tau_the_mle_when_it_is_interior(rng_key
 def test_a_boundary_mle_is_flagged(rng_key):
     result = blrppl.EM(eight_schools).run(rng_key, 200, y=jnp.asarray(Y), progress_bar=False, tol=1e-13)
     assert len(result.flags) == 1 and "'tau'" in result.flags[0] and "boundary" in result.flags[0]
+
+
+def test_the_boundary_check_is_one_compiled_call_of_exact_e_steps(rng_key):
+    """With tau fixed, q on the joint (mu, theta) block is the exact posterior after one E-step,
+    so the check's E-steps stop there; its trials run in one program, compiled once."""
+    from tests.compiles import compilations, compiled_names
+
+    engine = blrppl.EM(eight_schools)
+    with compilations() as first:
+        result = engine.run(rng_key, 200, y=jnp.asarray(Y), progress_bar=False, tol=1e-13)
+    assert compiled_names(first).count("jit(bounds)") == 1
+    assert engine.build(result.plan, fixed_params=True).exact and not engine.build(result.plan).exact
+    with compilations() as second:
+        again = engine.run(rng_key, 200, y=jnp.asarray(Y + 1.0), progress_bar=False, tol=1e-13)
+    assert second == [] and len(again.flags) == 1 and "'tau'" in again.flags[0]
