@@ -20,6 +20,7 @@ import numpy as np
 import tqdm.auto as tqdm
 
 from blrppl.blr.ahead import compile_side_by_side
+from blrppl.blr.restarts import folded_keys
 from blrppl.blr.state import BLRState, InferenceAlgorithm
 from blrppl.blr.watchdog import block_until_ready
 from blrppl.compile_mode import SizeDependentJit, size_dependent_jit
@@ -341,7 +342,7 @@ def init_with_restarts(
 
 @size_dependent_jit(data_argnum=5, static_argnums=(0, 1, 2, 3), one_shot=True)
 def _init_with_restarts(algorithm, random_algorithm, tests, num_restarts, rng_key, arrays):
-    keys = jnp.stack([jax.random.fold_in(rng_key, c) for c in range(1, num_restarts)])
+    keys = folded_keys(rng_key, range(1, num_restarts))
     stack = functools.partial(jax.tree.map, lambda a, b: jnp.concatenate([a[None], b]))
     if algorithm.finish is None:
         first = algorithm.init(rng_key, arrays)

@@ -37,6 +37,13 @@ def _many_keys(rng_key: jax.Array, indices: jax.Array) -> jax.Array:
     return jnp.concatenate([rng_key[None], folded])
 
 
+def folded_keys(rng_key: jax.Array, indices: Any) -> jax.Array:
+    """``fold_in(rng_key, i)`` for every ``i`` in ``indices``, stacked, as one vectorised
+    hash: the same keys as a loop of ``fold_in`` calls, with one copy of the hash in a
+    compiled program instead of one per index."""
+    return jax.vmap(lambda i: jax.random.fold_in(rng_key, i))(jnp.asarray(np.asarray(list(indices), np.uint32)))
+
+
 def random_start(rng_key: jax.Array, qs: Mapping[str, Any], natural: Mapping[str, Any], keep: Any = ()) -> dict:
     """Re-centre each q at a draw from itself, keeping its spread.
 
@@ -45,10 +52,11 @@ def random_start(rng_key: jax.Array, qs: Mapping[str, Any], natural: Mapping[str
     they are.
     """
     out = dict(natural)
+    keys = folded_keys(rng_key, range(len(qs))) if qs else None
     for i, (v, q) in enumerate(qs.items()):
         if v in keep or not q.family.random_restart or q.family.start_at is None:
             continue
-        draw = q.family.sample(jax.random.fold_in(rng_key, i), natural[v], ())
+        draw = q.family.sample(keys[i], natural[v], ())
         out[v] = q.family.start_at(natural[v], draw)
     return out
 
@@ -56,12 +64,13 @@ def random_start(rng_key: jax.Array, qs: Mapping[str, Any], natural: Mapping[str
 def random_params(rng_key: jax.Array, transforms: Mapping[str, Any], params: Mapping[str, Any]) -> dict:
     """Point estimates moved by a standard normal step on their unconstrained space."""
     out = dict(params)
+    keys = folded_keys(rng_key, range(len(params))) if params else None
     for i, (name, value) in enumerate(params.items()):
         transform = transforms.get(name)
         if transform is None:
             continue
         u = transform.inv(value)
-        u = u + jax.random.normal(jax.random.fold_in(rng_key, i), jnp.shape(u), jnp.result_type(u))
+        u = u + jax.random.normal(keys[i], jnp.shape(u), jnp.result_type(u))
         out[name] = transform(u)
     return out
 

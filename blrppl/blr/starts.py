@@ -308,7 +308,9 @@ def _categorical_start(rng_key: jax.Array, q: Any, points: Optional[jax.Array]) 
     elif points is not None:
         probs = _kmeans(rng_key, points, num)
     else:
-        probs = jax.random.dirichlet(rng_key, jnp.ones(num), q.shape)
+        # Dirichlet(1, ..., 1): normalised exponential draws (exact, and no rejection loop to compile)
+        exponentials = -jnp.log(jax.random.uniform(rng_key, q.shape + (num,), minval=jnp.finfo(jnp.result_type(float)).tiny))
+        probs = exponentials / jnp.sum(exponentials, -1, keepdims=True)
     if q.family.chain:
         pair = jnp.zeros(q.batch_shape + (q.shape[q.num_batch] - 1, num, num))
         return q.family.stats_type(one_hot=jnp.log(probs), pair=pair)
@@ -324,15 +326,28 @@ def _distances(points: jax.Array, centres: jax.Array) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnums=2)
 def _kmeans(rng_key: jax.Array, points: jax.Array, num: int) -> jax.Array:
-    """k-means++ seeding and a few Lloyd steps; soft-hard responsibilities (N, num)."""
+    """k-means++ seeding and a few Lloyd steps; soft-hard responsibilities (N, num).
+
+    The seeding draws its random numbers at once (the first centre's index, then one
+    uniform per later centre, picked by inverting the cumulative squared distances to
+    the nearest centre so far) and is one ``fori_loop``: the compiled start does not
+    grow with ``num`` (each draw of its own would be a separate hash to compile).
+    """
     size = points.shape[0]
     points = (points - points.mean(0)) / (points.std(0) + 1e-12)
-    keys = jax.random.split(rng_key, num)
-    centres = [points[jax.random.randint(keys[0], (), 0, size)]]
-    for k in range(1, num):
-        distance = jnp.min(jnp.stack([jnp.sum((points - c) ** 2, -1) for c in centres]), 0)
-        choice = jax.random.choice(keys[k], size, p=distance / jnp.sum(distance))
-        centres.append(points[choice])
+    first_key, rest_key = jax.random.split(rng_key)
+    first = points[jax.random.randint(first_key, (), 0, size)]
+    uniforms = jax.random.uniform(rest_key, (num - 1,), points.dtype)
+
+    def seed(k, carry):
+        centres, nearest = carry
+        cumulative = jnp.cumsum(nearest)
+        index = jnp.searchsorted(cumulative, uniforms[k - 1] * cumulative[-1], side="right")
+        centre = points[jnp.minimum(index, size - 1)]
+        return centres.at[k].set(centre), jnp.minimum(nearest, jnp.sum((points - centre) ** 2, -1))
+
+    centres = jnp.zeros((num, points.shape[1]), points.dtype).at[0].set(first)
+    centres, _ = jax.lax.fori_loop(1, num, seed, (centres, jnp.sum((points - first) ** 2, -1)))
 
     def lloyd(_, centres):
         hard = jax.nn.one_hot(jnp.argmin(_distances(points, centres), -1), num)
@@ -340,7 +355,7 @@ def _kmeans(rng_key: jax.Array, points: jax.Array, num: int) -> jax.Array:
         moved = (hard.T @ points) / jnp.maximum(counts, 1.0)[:, None]
         return jnp.where(counts[:, None] > 0, moved, centres)
 
-    centres = jax.lax.fori_loop(0, LLOYD_STEPS, lloyd, jnp.stack(centres))
+    centres = jax.lax.fori_loop(0, LLOYD_STEPS, lloyd, centres)
     hard = jax.nn.one_hot(jnp.argmin(_distances(points, centres), -1), num)
     return 0.9 * hard + 0.1 / num
 

@@ -22,6 +22,7 @@ from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
 from blrppl.families import common
+from blrppl.families.gamma_draws import log_gamma_draws
 from blrppl.families.base import ExpFamily
 from blrppl.families.layout import elementwise_layout
 from blrppl.families.dirichlet import solve_dirichlet
@@ -127,7 +128,8 @@ def sample(rng_key: PRNGKey, natural: BetaStats, sample_shape: tuple = ()) -> Ar
     """Draw x ~ Beta(α, β), shape ``sample_shape + batch_shape``."""
     a, b = _concentrations(natural)
     shape = tuple(sample_shape) + jnp.shape(a)
-    return jax.random.beta(rng_key, a, b, shape, dtype=a.dtype)
+    log_g = log_gamma_draws(rng_key, jnp.stack(jnp.broadcast_arrays(a, b), -1), shape + (2,), a.dtype)  # one call site
+    return jnp.exp(log_g[..., 0] - jnp.logaddexp(log_g[..., 0], log_g[..., 1]))
 
 
 def is_valid(natural: BetaStats) -> Array:

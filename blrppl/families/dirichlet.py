@@ -24,6 +24,7 @@ from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
 from blrppl.families import common
+from blrppl.families.gamma_draws import dirichlet_draws
 from blrppl.families.base import ExpFamily
 from blrppl.families.layout import elementwise_layout
 
@@ -166,7 +167,7 @@ def sample(
     """Draw x ~ Dir(α), shape ``sample_shape + batch_shape + (K,)``."""
     alpha = natural.log_x + 1.0
     shape = tuple(sample_shape) + alpha.shape[:-1]
-    return jax.random.dirichlet(rng_key, alpha, shape, dtype=alpha.dtype)
+    return dirichlet_draws(rng_key, alpha, shape, alpha.dtype)
 
 
 def is_valid(natural: DirichletStats) -> Array:

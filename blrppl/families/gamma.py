@@ -25,6 +25,7 @@ from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
 from blrppl.families import common
+from blrppl.families.gamma_draws import gamma_draws
 from blrppl.families.base import ExpFamily
 from blrppl.families.layout import elementwise_layout
 
@@ -147,7 +148,7 @@ def sample(rng_key: PRNGKey, natural: GammaStats, sample_shape: tuple = ()) -> A
     """Draw x ~ Gamma(a, b), shape ``sample_shape + batch_shape``."""
     a, b = _shape_rate(natural)
     shape = tuple(sample_shape) + jnp.shape(a)
-    return jax.random.gamma(rng_key, a, shape, dtype=a.dtype) / b
+    return gamma_draws(rng_key, a, shape, a.dtype) / b
 
 
 def is_valid(natural: GammaStats) -> Array:

@@ -24,6 +24,7 @@ from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
 from blrppl.families import common
+from blrppl.families.gamma_draws import log_gamma_draws
 from blrppl.families.base import ExpFamily
 from blrppl.families.layout import elementwise_layout
 from blrppl.families.gamma import solve_log_minus_digamma
@@ -113,7 +114,7 @@ def sample(
     """Draw x = b / g with g ~ Gamma(a, 1), shape ``sample_shape + batch_shape``."""
     a, b = _shape_scale(natural)
     shape = tuple(sample_shape) + jnp.shape(a)
-    return b / jax.random.gamma(rng_key, a, shape, dtype=a.dtype)
+    return b * jnp.exp(-log_gamma_draws(rng_key, a, shape, a.dtype))
 
 
 def is_valid(natural: InverseGammaStats) -> Array:

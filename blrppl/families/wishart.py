@@ -40,6 +40,7 @@ from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
 from blrppl.families import common
+from blrppl.families.gamma_draws import gamma_draws
 from blrppl.families.base import ExpFamily
 from blrppl.families.layout import elementwise_layout
 
@@ -236,7 +237,7 @@ def sample(rng_key: PRNGKey, natural: WishartStats, sample_shape: tuple = ()) ->
     shape = tuple(sample_shape) + n.shape
     chi2_key, normal_key = jax.random.split(rng_key)
     half_df = (n[..., None] - jnp.arange(d, dtype=n.dtype)) / 2  # (n - i) / 2
-    chi2 = 2.0 * jax.random.gamma(chi2_key, half_df, shape + (d,), dtype=n.dtype)
+    chi2 = 2.0 * gamma_draws(chi2_key, half_df, shape + (d,), n.dtype)
     normal = jax.random.normal(normal_key, shape + (d, d), dtype=n.dtype)
     bartlett = jnp.tril(normal, -1) + jnp.sqrt(chi2)[..., None] * jnp.eye(
         d, dtype=n.dtype
