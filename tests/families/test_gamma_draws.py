@@ -47,3 +47,17 @@ def test_dirichlet_and_beta_marginals():
     natural = beta.from_usual(2.0, 0.5)
     x = np.asarray(beta.sample(jax.random.key(2), natural, (NUM,)))
     assert stats.kstest(x, stats.beta(2.0, 0.5).cdf).pvalue > 1e-3
+
+
+def test_draws_are_differentiable_in_the_concentration_like_jax_gamma():
+    # implicit reparameterisation: d E[X] / d a = 1 and d E[log X] / d a = trigamma(a) for Gamma(a, 1)
+    from scipy.special import polygamma
+
+    def means(a):
+        x = gamma_draws(jax.random.key(5), a, (NUM,), jnp.float64)
+        return jnp.stack([jnp.mean(x), jnp.mean(jnp.log(x))])
+
+    for a in (0.4, 3.0):
+        d_mean, d_log = np.asarray(jax.jacfwd(means)(a)), np.asarray(jax.grad(lambda a: means(a)[1])(a))
+        np.testing.assert_allclose(d_mean[0], 1.0, atol=0.05)
+        np.testing.assert_allclose([d_mean[1], d_log], polygamma(1, a), rtol=0.05)
