@@ -16,6 +16,7 @@ import jax
 
 from blrppl._types import Array, PRNGKey
 from blrppl.estimators.gaussian import (
+    JOINT_HESSIAN_MAX_SIZE,
     GaussianEstimator,
     block_hessian,
     conditional,
@@ -23,6 +24,7 @@ from blrppl.estimators.gaussian import (
     is_full,
     joint_log_factor,
     natural_gradient,
+    value_grad_hessians,
 )
 
 
@@ -64,17 +66,15 @@ def delta(*, separable: bool = False) -> GaussianEstimator:
         blocks, treedef = flatten_blocks(mean)
         total = joint_log_factor(log_factor, treedef)
         locs = [block.x for block in blocks]
-        value, grads = jax.value_and_grad(total)(locs)
-        nat_grads = [
-            natural_gradient(
-                block,
-                grad,
-                block_hessian(
-                    conditional(total, locs, i), locs[i], is_full(block), separable
-                ),
-            )
-            for i, (block, grad) in enumerate(zip(blocks, grads))
-        ]
+        if not separable and sum(x.size for x in locs) <= JOINT_HESSIAN_MAX_SIZE:
+            value, grads, hessians = value_grad_hessians(total, locs, [is_full(b) for b in blocks])
+        else:
+            value, grads = jax.value_and_grad(total)(locs)
+            hessians = [
+                block_hessian(conditional(total, locs, i), locs[i], is_full(block), separable)
+                for i, block in enumerate(blocks)
+            ]
+        nat_grads = [natural_gradient(b, g, h) for b, g, h in zip(blocks, grads, hessians)]
         return value, jax.tree.unflatten(treedef, nat_grads)
 
     return GaussianEstimator(estimate=estimate, method="delta")

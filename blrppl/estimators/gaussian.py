@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import cho_solve, solve_triangular
@@ -245,10 +246,45 @@ def block_hessian(
     flat_hessian = jax.hessian(lambda flat: log_factor(flat.reshape(x.shape)))(
         x.reshape(n)
     )
+    return layout_hessian(flat_hessian, x, full)
+
+
+def layout_hessian(flat_hessian: Array, x: Array, full: bool) -> Array:
+    """The blocks of the (n x n) Hessian of a block ``x`` (n = x.size) that q's layout needs:
+    its diagonal shaped like ``x`` (``full=False``), or its d x d diagonal blocks (``full=True``)."""
     if not full:
         return jnp.diagonal(flat_hessian).reshape(x.shape)
     d = x.shape[-1]
-    blocks = n // d
+    blocks = x.size // d
     per_block = flat_hessian.reshape(blocks, d, blocks, d)
     index = np.arange(blocks)
     return per_block[index, :, index, :].reshape(x.shape + (d,))
+
+
+def value_grad_hessians(total: Callable[[list[Array]], Array], xs: list[Array], fulls: list[bool]) -> tuple:
+    """``(total(xs), [∇_i total], [layout blocks of ∇²_ii total])`` from one trace of ``total``.
+
+    The joint Hessian of the flattened blocks is one forward-over-reverse pass (its
+    primal gives the value and the gradient), where one pass per block traced the
+    factor's log density once per block (the Hessian's cost is n², n the blocks'
+    total size: see ``JOINT_HESSIAN_MAX_SIZE``).
+    """
+    flat, unravel = jax.flatten_util.ravel_pytree(list(xs))
+
+    def value_and_grad(v: Array) -> tuple:
+        value, grad = jax.value_and_grad(lambda u: total(unravel(u)))(v)
+        return grad, (value, grad)
+
+    hessian, (value, grad) = jax.jacfwd(value_and_grad, has_aux=True)(flat)
+    grads, hessians, offset = [], [], 0
+    for x, full in zip(xs, fulls):
+        block = slice(offset, offset + x.size)
+        grads.append(grad[block].reshape(x.shape))
+        hessians.append(layout_hessian(hessian[block, block], x, full))
+        offset += x.size
+    return value, grads, hessians
+
+
+JOINT_HESSIAN_MAX_SIZE = 1024
+"""Blocks of at most this many elements in all get their Hessians from one joint pass
+(:func:`value_grad_hessians`: n² entries, 8 MiB in float64); larger ones one block at a time."""
