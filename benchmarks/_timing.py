@@ -41,3 +41,19 @@ def table(rows: list[tuple], header: tuple) -> str:
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths))  # noqa: E731
     return "\n".join([line(header), line(tuple("-" * w for w in widths))] + [line(r) for r in rows])
+
+
+def in_fresh_process(command: list[str], cwd: str) -> Any:
+    """Run ``python *command`` in a new process (JAX's caches empty, no persistent compilation
+    cache) and return the JSON value its last output line prints; raises ``RuntimeError``
+    with its error output if it fails."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "BLRPPL_COMPILATION_CACHE"}
+    out = subprocess.run([sys.executable, *command], capture_output=True, text=True, env=env, cwd=cwd)
+    if out.returncode:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])

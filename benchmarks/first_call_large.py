@@ -19,11 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from benchmarks._timing import in_fresh_process  # noqa: E402
 CASES = ("gmm_blrppl", "gmm_sklearn", "logistic_blrppl", "logistic_nuts")
 
 
@@ -83,11 +84,7 @@ def main() -> None:
     times: dict = {case: [] for case in CASES}
     for _ in range(options.rounds):
         for case in CASES:
-            out = subprocess.run([sys.executable, "-m", "benchmarks.first_call_large", "--one", case],
-                                 capture_output=True, text=True, cwd=ROOT)
-            if out.returncode:
-                raise SystemExit(f"{case} failed:\n{out.stderr[-2000:]}")
-            times[case].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            times[case].append(in_fresh_process(["-m", "benchmarks.first_call_large", "--one", case], ROOT))
     fmt = lambda xs: ", ".join(f"{x:.2f}" for x in xs)  # noqa: E731
     gmm, sk = min(times["gmm_blrppl"]), min(times["gmm_sklearn"])
     lr, nuts = min(times["logistic_blrppl"]), min(times["logistic_nuts"])

@@ -24,11 +24,12 @@ import collections
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from benchmarks._timing import in_fresh_process  # noqa: E402
 MODELS = ("gp", "eight_schools_noncentered", "normal_mean_precision", "logistic_regression", "hmm", "nile")
 ENGINES = {
     "gp": "NonConjugateVI",
@@ -109,19 +110,17 @@ def main() -> None:
         return
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     print(f"{'model':28s} {'engine':15s} {'steps':>5s} {'wall s':>7s} {'CPU s':>7s} {'compiles':>8s} {'compile s':>9s}")
-    env = {k: v for k, v in os.environ.items() if k != "BLRPPL_COMPILATION_CACHE"}
     if options.models == "all":
         sys.path.insert(0, ROOT)
         from models import ZOO
 
         options.models = ",".join(ZOO)
     for name in options.models.split(","):
-        out = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True, text=True, env=env,
-                             cwd=ROOT)
-        if out.returncode:
-            print(f"{name}: failed\n{out.stderr[-2000:]}")
+        try:
+            row = in_fresh_process([__file__, "--one", name], ROOT)
+        except RuntimeError as error:
+            print(f"{name}: failed\n{error}")
             continue
-        row = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"{row['model']:28s} {row['engine']:15s} {row['steps']:5d} {row['wall']:7.2f} {row['cpu']:7.2f} "
               f"{row['compiles']:8d} {row['compile_s']:9.2f}")
         if options.names:
