@@ -330,7 +330,12 @@ def test_monte_carlo_on_several_blocks(rng_key, hessian):
         )
 
 
-def test_delta_on_several_blocks_is_blockwise_newton():
+@pytest.mark.parametrize("joint", [True, False], ids=["one-joint-pass", "per-block"])
+def test_delta_on_several_blocks_is_blockwise_newton(joint, monkeypatch):
+    import blrppl.estimators.delta as delta_module
+
+    if not joint:  # blocks past the joint pass's size take one Hessian pass each
+        monkeypatch.setattr(delta_module, "JOINT_HESSIAN_MAX_SIZE", 0)
     mean, log_factor, _ = _two_block_problem()
     loc = {"a": mean["a"].x, "b": mean["b"].x}
 
