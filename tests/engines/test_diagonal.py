@@ -138,6 +138,7 @@ def wide_network(X, y=None, width=20):
         numpyro.sample("y", dist.Normal(f[:, 0], 1.0 / jnp.sqrt(prec)), obs=y)
 
 
+@pytest.mark.slow  # 10,000 steps (12 s)
 def test_mean_field_collapse_of_a_wide_network_is_flagged():
     x = np.linspace(-1, 1, 50)
     X = np.stack([np.ones_like(x), x, x**2], 1)
