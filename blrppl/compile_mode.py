@@ -77,14 +77,34 @@ def compile_mode() -> str:
     return _mode
 
 
+ACCEPTED_BY_JAXLIB = {(0, 10): tuple(FAST_CPU_OPTIONS)}
+"""jaxlib (major, minor) -> the entries of ``FAST_CPU_OPTIONS`` its XLA:CPU is known to accept
+(``tests/test_compile_mode.py`` checks the entry of the installed jaxlib against a probe)."""
+
+
 @functools.cache
 def fast_cpu_options() -> dict:
     """The entries of ``FAST_CPU_OPTIONS`` that this jaxlib's XLA:CPU accepts.
 
     XLA rejects a compile option it does not know, and options come and go between
-    releases (jaxlib 0.11 has no ``xla_cpu_use_fusion_emitters``). They are tried together
-    once per process on a one-operation program (one small compilation), and one by one
-    only if that fails; an unknown one is left out (its compile-time saving with it), any
+    releases (jaxlib 0.11 has no ``xla_cpu_use_fusion_emitters``). For a jaxlib in
+    ``ACCEPTED_BY_JAXLIB`` they are read from there; for another they are probed
+    (:func:`probe_cpu_options`: one small compilation per process, 40 ms).
+    """
+    import jaxlib.version
+
+    release = tuple(int(part) for part in jaxlib.version.__version__.split(".")[:2])
+    known = ACCEPTED_BY_JAXLIB.get(release)
+    if known is not None:
+        return {name: FAST_CPU_OPTIONS[name] for name in known}
+    return probe_cpu_options()
+
+
+def probe_cpu_options() -> dict:
+    """The entries of ``FAST_CPU_OPTIONS`` that XLA:CPU accepts, found by compiling with them.
+
+    They are tried together on a one-operation program, and one by one only if
+    that fails; an unknown one is left out (its compile-time saving with it), any
     other failure is raised.
     """
     cpu = jax.devices("cpu")[0]

@@ -128,15 +128,21 @@ def test_structure_of_reads_a_result_without_running_it():
 def test_only_compile_options_that_xla_knows_are_passed(monkeypatch):
     from blrppl import compile_mode
 
+    probed = compile_mode.probe_cpu_options()
+    assert set(probed) <= set(compile_mode.FAST_CPU_OPTIONS)
+    assert "xla_backend_optimization_level" in probed
     compile_mode.fast_cpu_options.cache_clear()
     try:
-        assert set(compile_mode.fast_cpu_options()) <= set(compile_mode.FAST_CPU_OPTIONS)
-        assert "xla_backend_optimization_level" in compile_mode.fast_cpu_options()
-        compile_mode.fast_cpu_options.cache_clear()
+        # The table of known jaxlib releases says what the probe finds (no probe at run time).
+        assert compile_mode.fast_cpu_options() == probed
         unknown = {**compile_mode.FAST_CPU_OPTIONS, "xla_cpu_no_such_option_anywhere": True}
         monkeypatch.setattr(compile_mode, "FAST_CPU_OPTIONS", unknown)
+        assert "xla_cpu_no_such_option_anywhere" not in compile_mode.probe_cpu_options()
+        assert "xla_backend_optimization_level" in compile_mode.probe_cpu_options()
+        # An unknown jaxlib release is probed.
+        monkeypatch.setattr(compile_mode, "ACCEPTED_BY_JAXLIB", {})
+        compile_mode.fast_cpu_options.cache_clear()
         assert "xla_cpu_no_such_option_anywhere" not in compile_mode.fast_cpu_options()
-        assert "xla_backend_optimization_level" in compile_mode.fast_cpu_options()
     finally:
         compile_mode.fast_cpu_options.cache_clear()
 

@@ -30,6 +30,7 @@ their stacked values (time first), as numpyro records them.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
@@ -220,7 +221,8 @@ def check_support(site: Mapping[str, Any]) -> None:
         return  # the real line is the finite values, which check_finite has checked
     value = np.asarray(site["value"])
     try:
-        inside = np.asarray(_inside(support, jnp.asarray(value)), dtype=bool)
+        inside = _inside_on_host(base, value) if _numpy_aware(base) else _inside(support, jnp.asarray(value))
+        inside = np.asarray(inside, dtype=bool)
     except Exception:  # a constraint that cannot be evaluated on these values: numpyro's concern
         return
     batch_ndim = value.ndim - fn.event_dim
@@ -280,6 +282,40 @@ def describe_support(support: constraints.Constraint) -> str:
 #: ``support(value)`` as one compiled program per constraint type and shape (a
 #: constraint is a pytree): eagerly, each of its few operations compiles on its own.
 _inside = jax.jit(lambda support, value: support(value))
+
+#: Constraints whose ``__call__`` computes in numpy on numpy values (numpyro's ``xp = np``
+#: branch): checked on the host, with no compilation at all.
+_NUMPY_AWARE = tuple(
+    cls.__call__
+    for cls in (
+        constraints._Boolean,
+        constraints._GreaterThan,
+        getattr(constraints, "_GreaterThanEq", constraints._GreaterThan),
+        constraints._LessThan,
+        constraints._Interval,
+        getattr(constraints, "_OpenInterval", constraints._Interval),
+        constraints._IntegerInterval,
+        constraints._IntegerGreaterThan,
+    )
+)
+
+
+def _numpy_aware(constraint: Any) -> bool:
+    return type(constraint).__call__ in _NUMPY_AWARE
+
+
+def _inside_on_host(constraint: Any, value: np.ndarray) -> np.ndarray:
+    """``constraint(value)`` elementwise in numpy (its bounds read on the host)."""
+    bounds = {
+        name: np.asarray(getattr(constraint, name))
+        for name in ("lower_bound", "upper_bound")
+        if isinstance(getattr(constraint, name, None), jax.Array)
+    }
+    if bounds:
+        constraint = copy.copy(constraint)
+        for name, bound in bounds.items():
+            object.__setattr__(constraint, name, bound)
+    return np.asarray(constraint(value))
 
 
 def _bound(x: Any) -> str:
