@@ -71,14 +71,41 @@ def _coerce(cls: type, args: tuple, kwargs: dict) -> Distribution:
         _HOST_CHECKS.append(True)
         try:
             with validation_enabled(False):
-                obj = type.__call__(cls, *args, **kwargs)
+                obj = _construct(cls, bound, args, kwargs)
         finally:
             _HOST_CHECKS.pop()
         _validate_args_on_host(obj)
     else:
-        obj = type.__call__(cls, *args, **kwargs)
+        obj = _construct(cls, bound, args, kwargs)
     object.__setattr__(obj, _TAG, ConstructorCall(cls, bound, True))
     return obj
+
+
+def _construct(cls: type, bound: dict, args: tuple, kwargs: dict) -> Distribution:
+    """``cls(*args, **kwargs)``; a ``MultivariateNormal`` of a concrete matrix as one compiled program.
+
+    numpyro factorises the matrix in the constructor (a Cholesky and triangular solves
+    over every batch element). Run eagerly, each of those operations compiles a program
+    of its own and runs alone: 2.4 s for a mixture's ``MultivariateNormal(mu[z],
+    precision_matrix=lam[z])`` over 100,000 rows, 0.1-0.25 s as one program.
+    """
+    if not (issubclass(cls, MultivariateNormal) and _matrix_argument(bound) is not None):
+        return type.__call__(cls, *args, **kwargs)
+    leaves, treedef = jax.tree.flatten((args, kwargs))
+    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (jax.Array, np.ndarray))]
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves) or not positions:
+        return type.__call__(cls, *args, **kwargs)
+
+    def build(*arrays: Any) -> Distribution:
+        full = list(leaves)
+        for i, array in zip(positions, arrays):
+            full[i] = array
+        inner_args, inner_kwargs = jax.tree.unflatten(treedef, full)
+        return type.__call__(cls, *inner_args, **inner_kwargs)
+
+    from blrppl.compile_mode import probe  # compile_mode imports nothing of the graph
+
+    return probe(build)(*[leaves[i] for i in positions])
 
 
 def _validates_on_host(cls: type, args: tuple, kwargs: dict) -> bool:
