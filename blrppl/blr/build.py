@@ -98,6 +98,11 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             return None
         return minibatch(batch_key(state.rng_key), t, sub.plate.size, sub.plate.subsample_size)
 
+    # Each estimator's Python code is traced once per step's shapes: a factor touching several
+    # variables is estimated once per variable update (a coordinate-wise step), and the start and
+    # the loop estimate the same factors; jit caches the jaxpr and every later call reuses it.
+    estimates = [jax.jit(est.estimate) for est in estimators]
+
     def messages(rng_key, natural, params, arrays, variables, batch):
         """λ̃_f(μ) for every factor touching ``variables``: variable -> {factor -> λ̃}."""
         mean = mean_params(qs, natural)
@@ -110,11 +115,11 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
                 continue
             key = jax.random.fold_in(rng_key, i)
             if batch is not None and est.factor in plate_factors:
-                _, grads = est.estimate(key, mean, params, arrays, batch=batch)
+                _, grads = estimates[i](key, mean, params, arrays, batch=batch)
                 for v in touched:
                     out[v][est.factor] = grads[v] if v in local else jax.tree.map(lambda g: scale * g, grads[v])
             else:
-                _, grads = est.estimate(key, mean, params, arrays)
+                _, grads = estimates[i](key, mean, params, arrays)
                 for v in touched:
                     out[v][est.factor] = grads[v]
         return out
@@ -280,9 +285,14 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         rng_key: jax.Array, state: BLRState, arrays: Any, batch: Optional[jax.Array] = None, known: Optional[dict] = None
     ) -> jax.Array:
         """The ELBO of q (with a minibatch, its unbiased minibatch estimate); ``known``: q's moments, if computed."""
+        return cached_elbo(rng_key, state.natural, state.params, arrays, batch, known)
+
+    @jax.jit
+    def cached_elbo(rng_key, natural, params, arrays, batch, known):
+        """The ELBO's Python code, traced once per shapes (the start, the guard, each attempt)."""
         local_axes = sub.local_axes if sub is not None else {}
         return elbo_terms(
-            rng_key, qs, estimators, state.natural, state.params, arrays, batch, plate_factors, local_axes, scale,
+            rng_key, qs, estimators, natural, params, arrays, batch, plate_factors, local_axes, scale,
             skip=plan.imputed, rows=plan.orphans, known=known,
         )
 
