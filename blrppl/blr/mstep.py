@@ -37,6 +37,8 @@ def build_m_step(plan: Any) -> Callable:
         u0 = {n: transforms[n].inv(params[n]) for n in names}
         flat0, unravel = ravel_pytree(u0)
 
+        # Traced once: its value, gradient, Hessian and step halvings reuse the jaxpr.
+        @jax.jit
         def objective(flat):
             p = to_params(unravel(flat))
             p = {**params, **p}
