@@ -373,10 +373,17 @@ def last_elbos(algorithm: InferenceAlgorithm, arrays: Any, states: BLRState, num
     return _over_restarts(algorithm, one, (0,), states)
 
 
-@functools.partial(jax.jit, static_argnums=2)
-def take(tree: Any, index: jax.Array, axis: int = 0) -> Any:
-    """Row ``index`` of every leaf of ``tree`` along ``axis``, in one compiled call."""
+def take(tree: Any, index: Any, axis: int = 0) -> Any:
+    """Row ``index`` of every leaf of ``tree`` along ``axis``, in one compiled call (compiled
+    once per tree structure and shapes, whatever the index; cheaply where the tree is small)."""
+    return _take(tree, np.asarray(index, np.int32), axis)
+
+
+def _take_rows(tree: Any, index: jax.Array, axis: int) -> Any:
     return jax.tree.map(lambda a: jnp.take(a, index, axis=axis), tree)
+
+
+_take = SizeDependentJit(_take_rows, data_argnum=0, static_argnums=2, one_shot=True)
 
 
 def _over_restarts(algorithm: InferenceAlgorithm, fn, in_axes, *xs):

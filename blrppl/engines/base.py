@@ -199,7 +199,7 @@ class Engine:
         states, elbo, num_run, stopped = driver.run_restarts(
             algorithm, num_steps, plan.arrays, init_state, tol=tol, progress_bar=progress_bar
         )
-        num_run = [int(n) for n in num_run]
+        num_run = np.asarray(num_run).tolist()  # one read (iterating a device array compiles an unstack)
         best, finite = best_restart(states, elbo, num_run)
         if best < 0:  # every restart diverged: say why, for the first
             check_finite(plan, jax.tree.map(lambda a: a[0], states), elbo[0, : num_run[0]])
