@@ -21,6 +21,18 @@ def site_error(site: str, problem: str, remedy: str) -> ModelError:
     return ModelError(f"site {site!r}: {problem}; {remedy}.")
 
 
+def needs_values_error(site: str, error: BaseException, where: str) -> "ModelError":
+    """A :class:`ModelError` for model code that needs a concrete value where it is traced
+    (``error``: JAX's ``TracerArrayConversionError`` and friends; ``where``: what was traced)."""
+    return site_error(
+        site,
+        f"the model's code needs a concrete value where {where} ({type(error).__name__}): e.g. a numpy "
+        "array indexed by a plate's indices (X[idx] with X a numpy array) or np.asarray of a latent "
+        "value; NumPyro's own jitted inference (NUTS, SVI) refuses the same code",
+        "make the model's data jax arrays (jnp.asarray(X)) and use jnp operations on traced values",
+    )
+
+
 class IntegrationWarning(UserWarning):
     """An integrated fit whose grid is not to be trusted (``result.diagnostics.problems`` says why)."""
 

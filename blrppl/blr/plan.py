@@ -27,7 +27,7 @@ from blrppl.blr.config import MAX_JOINT_SIZE, Config
 from blrppl.blr.orphans import integrate_orphans, masked_graph, orphan_rows
 from blrppl.blr.sharding import follow_data_sharding
 from blrppl.blr.starts import start_arrays
-from blrppl.errors import ModelError
+from blrppl.errors import ModelError, needs_values_error
 from blrppl.estimators.base import FactorEstimator, PlanArrays, example_latents, q_space_examples
 from blrppl.estimators.cubature import MAX_CUBATURE_DIM
 from blrppl.estimators.select import Verdicts, choose_estimator, delta_estimator, graph_verdicts, with_verdicts
@@ -40,7 +40,7 @@ from blrppl.graph.families import variable_q
 from blrppl.graph.nodes import FactorGraph, Plate
 from blrppl.graph.points import as_point_estimates
 from blrppl.graph.replay import replay
-from blrppl.graph.trace import build_graph
+from blrppl.graph.trace import CONCRETE_VALUE_ERRORS, build_graph, site_needing_values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +183,9 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
                     f"{error} {config.name} needs conjugate factors; VMP fits the same model by coordinate ascent."
                 ) from None
             raise
+        except CONCRETE_VALUE_ERRORS as error:
+            site = site_needing_values(graph) or name
+            raise needs_values_error(site, error, "blrppl traces it") from error
         estimators.append(estimator)
         verdicts[name] = edges
     orphans = {} if plate is not None else orphan_rows(graph, _imputed(graph))

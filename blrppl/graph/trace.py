@@ -38,9 +38,10 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
+from numpyro.primitives import Messenger
 
 from blrppl.eager_loops import with_loops_compiled_once
-from blrppl.errors import ModelError, site_error
+from blrppl.errors import ModelError, needs_values_error, site_error
 from blrppl.graph import chains as _chains
 from blrppl.graph.capture import constructor_call
 from blrppl.graph.dependencies import output_dependencies
@@ -199,6 +200,14 @@ _DEPENDENCE_ERRORS = (
     jax.errors.ConcretizationTypeError,
 )
 
+CONCRETE_VALUE_ERRORS = (
+    jax.errors.TracerArrayConversionError,
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerBoolConversionError,
+    jax.errors.TracerIntegerConversionError,
+)
+"""What JAX raises when code needs the value of a traced array."""
+
 
 def _site_dependencies(
     model: Callable,
@@ -242,6 +251,11 @@ def _site_dependencies(
         analysis = output_dependencies(outputs, *example)
     except _DEPENDENCE_ERRORS as err:
         culprit = _find_culprit(model, model_args, model_kwargs, names, example, fixed)
+        if culprit is None and isinstance(err, CONCRETE_VALUE_ERRORS):
+            # Not a latent's value: the plates' indices or the data, traced (X[idx] of a numpy X).
+            order = [n for n, s in tr.items() if s["type"] in ("sample", "deterministic")]
+            site = _first_site_not_reached(model, model_args, model_kwargs, order, names, example, fixed)
+            raise needs_values_error(site or order[-1], err, "blrppl traces it") from err
         if culprit is None:
             raise
         raise site_error(
@@ -297,6 +311,45 @@ def _distribution_leaves(fn: dist.Distribution) -> list:
 
     visit(fn)
     return out
+
+
+class _Reached(Messenger):
+    """Records the names of the sample and deterministic sites a model run reaches."""
+
+    def __init__(self, names: list):
+        super().__init__()
+        self.names = names
+
+    def process_message(self, msg: dict) -> None:
+        if msg["type"] in ("sample", "deterministic"):
+            self.names.append(msg["name"])
+
+
+def _first_site_not_reached(
+    model: Callable, model_args: tuple, model_kwargs: dict, order: list[str], names: list[str], example: list,
+    fixed: dict,
+) -> Optional[str]:
+    """The first site of ``order`` that a traced run of the model does not reach (the statement
+    its code fails at), or None when the run does not fail."""
+    reached: list = []
+
+    def outputs(*flat: Any) -> None:
+        with _Reached(reached):
+            run_model(model, model_args, model_kwargs, {**fixed, **dict(zip(names, flat))})
+
+    try:
+        jax.make_jaxpr(outputs)(*example)
+    except _DEPENDENCE_ERRORS:
+        return next((n for n in order if n not in reached), None)
+    return None
+
+
+def site_needing_values(graph: FactorGraph) -> Optional[str]:
+    """The first sample site whose statement the model's code fails at when it runs traced at the
+    traced values (the plates' indices traced too), or None: for an error that names it."""
+    names = list(graph.site_values)
+    example = [jnp.asarray(graph.site_values[n]) for n in names]
+    return _first_site_not_reached(graph.model, graph.model_args, graph.model_kwargs, names, names, example, {})
 
 
 def _find_culprit(

@@ -138,3 +138,27 @@ def test_family_override_on_a_chain_initial_state():
         build_graph(model, (jnp.zeros(3),), families={"x0": "Normal"})
     _check(error, "x0")
     assert "'x'" in str(error.value)
+
+
+def numpy_indexed_by_plate(X, y=None, batch=None):
+    beta = numpyro.sample("beta", dist.Normal(jnp.zeros(X.shape[1]), 1.0).to_event(1))
+    with numpyro.plate("N", X.shape[0], subsample_size=batch) as idx:
+        numpyro.sample("y", dist.Poisson(jnp.exp(X[idx] @ beta)), obs=y[idx])
+
+
+@pytest.mark.parametrize("engine, batch", [("NonConjugateVI", None), ("SVI", 10)])
+def test_numpy_data_indexed_by_traced_plate_indices_is_a_model_error(engine, batch):
+    """X[idx] with a numpy X fails where the model is traced (NumPyro's NUTS fails the same way):
+    a ModelError naming the site whose statement fails, not JAX's traceback."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 2))
+    y = rng.poisson(1.0, size=40).astype(float)
+    options = {"estimator": "auto"} if engine == "SVI" else {}
+    make = getattr(blrppl, engine)(numpy_indexed_by_plate, **options)
+    with pytest.raises(blrppl.ModelError, match=r"site 'y': .*concrete value.*jnp.asarray\(X\)"):
+        make.plan(X, y, batch) if batch else make.plan(X, y)
+    # The same model on jax arrays plans.
+    plan = make.plan(jnp.asarray(X), jnp.asarray(y), batch) if batch else make.plan(jnp.asarray(X), jnp.asarray(y))
+    assert "y" in plan.graph.factors
