@@ -376,7 +376,7 @@ def last_elbos(algorithm: InferenceAlgorithm, arrays: Any, states: BLRState, num
 def take(tree: Any, index: Any, axis: int = 0) -> Any:
     """Row ``index`` of every leaf of ``tree`` along ``axis``, in one compiled call (compiled
     once per tree structure and shapes, whatever the index; cheaply where the tree is small)."""
-    return _take(tree, np.asarray(index, np.int32), axis)
+    return _take(tree, index if isinstance(index, jax.Array) else np.asarray(index, np.int32), axis)
 
 
 def _take_rows(tree: Any, index: jax.Array, axis: int) -> Any:
