@@ -57,3 +57,14 @@ def in_fresh_process(command: list[str], cwd: str) -> Any:
     if out.returncode:
         raise RuntimeError(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def answered_in_this_process(one: Any, run: Callable[[Any], Any]) -> bool:
+    """The child side of :func:`in_fresh_process`: with ``one`` (a hidden ``--one`` argument) set,
+    print ``run(one)`` as the JSON line the parent reads and return True; else False."""
+    import json
+
+    if not one:
+        return False
+    print(json.dumps(run(one)))
+    return True

@@ -17,14 +17,13 @@ the data's generation. Rounds alternate blrppl and the peer. Not part of the tes
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from benchmarks._timing import in_fresh_process  # noqa: E402
+from benchmarks._timing import answered_in_this_process, in_fresh_process  # noqa: E402
 CASES = ("gmm_blrppl", "gmm_sklearn", "logistic_blrppl", "logistic_nuts")
 
 
@@ -77,8 +76,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--one", help=argparse.SUPPRESS)
     options = parser.parse_args()
-    if options.one:
-        print(json.dumps(_one(options.one)))
+    if answered_in_this_process(options.one, _one):
         return
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     times: dict = {case: [] for case in CASES}

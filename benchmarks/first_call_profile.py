@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import logging
 import os
 import sys
@@ -29,7 +28,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from benchmarks._timing import in_fresh_process  # noqa: E402
+from benchmarks._timing import answered_in_this_process, in_fresh_process  # noqa: E402
 MODELS = ("gp", "eight_schools_noncentered", "normal_mean_precision", "logistic_regression", "hmm", "nile")
 ENGINES = {
     "gp": "NonConjugateVI",
@@ -105,8 +104,7 @@ def main() -> None:
     parser.add_argument("--names", action="store_true", help="list the compiled programs")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     options = parser.parse_args()
-    if options.one:
-        print(json.dumps(_one(options.one)))
+    if answered_in_this_process(options.one, _one):
         return
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     print(f"{'model':28s} {'engine':15s} {'steps':>5s} {'wall s':>7s} {'CPU s':>7s} {'compiles':>8s} {'compile s':>9s}")
