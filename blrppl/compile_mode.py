@@ -275,6 +275,19 @@ def recently_used(cache: dict, key: Any, make: Callable[[], Any], limit: int) ->
     return value
 
 
+def to_device(value: Any) -> Any:
+    """``jnp.asarray(value)`` without compiling: a numpy array or a Python or numpy scalar is transferred.
+
+    Outside a trace, JAX 0.10 lifts a host value with ``lax.stage``, an eager primitive that
+    compiles a one-operation program per shape and dtype (12-25 ms each, several per first
+    call); ``jax.device_put`` makes the same array (dtype canonicalised, Python scalars weakly
+    typed) by a transfer. JAX arrays and values inside a trace go to ``jnp.asarray``.
+    """
+    if isinstance(value, (np.ndarray, np.generic, bool, int, float, complex)) and _top_level():
+        return jax.device_put(value)
+    return jax.numpy.asarray(value)
+
+
 def structure_of(fun: Callable, *args: Any) -> Any:
     """``fun(*args)`` evaluated abstractly (nothing compiled, nothing run), for a result of which
     only the structure is read: which distribution a site has, which arguments, its shapes.

@@ -106,6 +106,22 @@ def test_a_probe_is_one_compiled_program_and_falls_back_where_code_needs_values(
     assert float(jax.jit(lambda v: compile_mode.probe(jnp.sin)(v))(0.5)) == pytest.approx(np.sin(0.5))
 
 
+def test_to_device_makes_jnp_asarrays_array_without_compiling():
+    from tests.compiles import compilations
+
+    values = [np.arange(7.0).reshape(7, 1) + 0.5, np.arange(5, dtype=np.int32), np.float32(2.5), 3.0, True]
+    with compilations() as compiled:
+        moved = [compile_mode.to_device(v) for v in values]
+    assert not compiled  # jnp.asarray of a host value compiles a `stage` program per shape and dtype
+    for value, array in zip(values, moved):
+        expected = jnp.asarray(value)
+        assert isinstance(array, jax.Array)
+        assert (array.dtype, array.shape, array.weak_type) == (expected.dtype, expected.shape, expected.weak_type)
+        np.testing.assert_array_equal(array, expected)
+    inside = jax.jit(lambda x: compile_mode.to_device(np.ones(3)) + x)(1.0)  # inside a trace: jnp.asarray
+    np.testing.assert_array_equal(inside, np.full(3, 2.0))
+
+
 def test_structure_of_reads_a_result_without_running_it():
     import numpyro.distributions as dist
     from tests.compiles import compilations

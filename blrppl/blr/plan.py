@@ -22,6 +22,7 @@ import numpy as np
 from numpyro import handlers
 from numpyro.distributions.transforms import biject_to
 
+from blrppl.compile_mode import to_device
 from blrppl.eager_loops import with_loops_compiled_once
 from blrppl.blr.config import MAX_JOINT_SIZE, Config
 from blrppl.blr.orphans import integrate_orphans, masked_graph, orphan_rows
@@ -364,7 +365,7 @@ def param_examples(graph: FactorGraph) -> tuple[dict, dict]:
     """Initial values (constrained) and transforms of the graph's point estimates."""
     values, transforms = {}, {}
     for name, node in graph.params.items():
-        values[name] = jnp.asarray(node.init_value)
+        values[name] = to_device(node.init_value)
         transforms[name] = biject_to(node.constraint)
     return values, transforms
 

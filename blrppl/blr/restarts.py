@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from blrppl.compile_mode import to_device
+
 
 def restart_keys(rng_key: jax.Array, num_restarts: int) -> jax.Array:
     """Keys of the restarts: ``rng_key`` itself, then ``fold_in(rng_key, c)``."""
@@ -41,7 +43,7 @@ def folded_keys(rng_key: jax.Array, indices: Any) -> jax.Array:
     """``fold_in(rng_key, i)`` for every ``i`` in ``indices``, stacked, as one vectorised
     hash: the same keys as a loop of ``fold_in`` calls, with one copy of the hash in a
     compiled program instead of one per index."""
-    return jax.vmap(lambda i: jax.random.fold_in(rng_key, i))(jnp.asarray(np.asarray(list(indices), np.uint32)))
+    return jax.vmap(lambda i: jax.random.fold_in(rng_key, i))(to_device(np.asarray(list(indices), np.uint32)))
 
 
 def random_start(rng_key: jax.Array, qs: Mapping[str, Any], natural: Mapping[str, Any], keep: Any = ()) -> dict:

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 
-from blrppl.compile_mode import probe, size_dependent_jit
+from blrppl.compile_mode import probe, size_dependent_jit, to_device
 from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, PlanArrays, owner
 
@@ -51,7 +51,7 @@ def start_arrays(graph: Any, qs: Mapping[str, Any], estimators: tuple, init: Map
             entry["placeholder"] = _from_prior(q, node)
         reader = points_reader(graph, v, q) if q.family.index_valued else None
         if reader is not None:
-            entry["points"] = jnp.asarray(reader.read(lambda node: node.value, np))
+            entry["points"] = to_device(reader.read(lambda node: node.value, np))
         priors = _prior_factors(graph, v)
         if q.family.gaussian and not q.family.chain and any(methods[f].estimated for f in priors):
             entry["gaussian"] = _gaussian_from_prior(q, node)

@@ -35,7 +35,7 @@ import numpy as np
 import numpyro.distributions as dist
 from numpyro.distributions.transforms import IdentityTransform
 
-from blrppl.compile_mode import structure_of
+from blrppl.compile_mode import structure_of, to_device
 from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, Method, factor_log_density, owner
 from blrppl.estimators.cubature import MAX_CUBATURE_DIM, cubature, mvn_value_grad_hessian
@@ -478,7 +478,7 @@ def _single_quadrature(graph, factor, qs, examples, transforms, fixed, v) -> boo
     if x0.size <= 1:
         return True
     grad = jax.grad(lambda x: log_density({v: x}, {}))
-    probe = jnp.asarray(np.random.default_rng(0).normal(size=x0.shape), x0.dtype)
+    probe = to_device(np.random.default_rng(0).normal(size=x0.shape).astype(x0.dtype))
     diagonal = jax.jvp(grad, (x0,), (jnp.ones_like(x0),))[1]
     directional = jax.jvp(grad, (x0,), (probe,))[1]
     separable = jnp.max(jnp.abs(directional - diagonal * probe)) <= 1e-8 * (1.0 + jnp.max(jnp.abs(diagonal)))

@@ -26,6 +26,7 @@ from numpyro.distributions import constraints
 from numpyro.distributions.distribution import validation_enabled
 from numpyro.distributions.transforms import biject_to
 
+from blrppl.compile_mode import to_device
 from blrppl.errors import site_error
 from blrppl.graph.capture import ConstructorCall, capturing_constructors, constructor_call
 from blrppl.graph.data import ModelData, split_model_data  # noqa: F401 - re-exported
@@ -258,7 +259,7 @@ def _placeholder(msg: Mapping[str, Any]) -> Any:
         if value is None:
             transform = biject_to(fn.support)
             return jnp.asarray(transform(jnp.zeros(transform.inverse_shape(out.shape))), out.dtype)
-        return jnp.asarray(np.asarray(value).astype(out.dtype))
+        return to_device(np.asarray(value).astype(out.dtype))
     except Exception:  # an exotic support or sampler: let the seeded sampler draw a value
         return None
 

@@ -40,6 +40,7 @@ import numpyro.distributions as dist
 from numpyro.distributions import constraints
 from numpyro.primitives import Messenger
 
+from blrppl.compile_mode import to_device
 from blrppl.eager_loops import with_loops_compiled_once
 from blrppl.errors import ModelError, needs_values_error, site_error
 from blrppl.graph import chains as _chains
@@ -225,7 +226,7 @@ def _site_dependencies(
     tag -> names its initial carry depends on.
     """
     names = latents + params
-    example = [jnp.asarray(tr[n]["value"]) for n in names]
+    example = [to_device(tr[n]["value"]) for n in names]
     fixed = subsample_indices(tr)
     record: list[tuple[str, str]] = []
 

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import jaxpr_as_fun
 
+from blrppl.compile_mode import to_device
 from blrppl.graph import tape
 from blrppl.graph.jaxpr import input_dependencies
 from blrppl.symbolic.terms import NonConjugate
@@ -73,9 +74,9 @@ def interpret_scan(interp: Any, eqn: Any, invals: Sequence[Any], used: Sequence[
     # replan on new data replays the symbolic program below instead of refusing all data.
     read = _fixed_carry_inputs(depends, fixed, carry_in)
     examples = [
-        jnp.asarray(np.zeros(a.shape, a.dtype)) if is_symbolic(v)  # a transfer, where jnp.zeros compiles
+        to_device(np.zeros(a.shape, a.dtype)) if is_symbolic(v)  # transfers: eager jnp ops compile
         else v if is_key(v)
-        else jnp.asarray(v if i in read else tape.strip(v))
+        else to_device(v if i in read else tape.strip(v))
         for i, (v, a) in enumerate(zip(invals, avals))
     ]
     fn = jaxpr_as_fun(body)

@@ -214,3 +214,20 @@ def test_svi_traces_large_data_compiled_and_plans_the_same(monkeypatch):
     assert [(e.factor, e.method) for e in large.estimators] == [(e.factor, e.method) for e in eager.estimators]
     for a, b in zip(jax.tree.leaves(large.arrays), jax.tree.leaves(eager.arrays)):
         np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+def test_planning_lifts_no_host_value_with_a_compiled_program():
+    """Placeholders, dependency examples and point estimates' starts are transferred, not staged:
+    eager ``jnp.asarray`` of a host value compiles a ``stage`` program per shape and dtype."""
+    from tests.compiles import compilations, compiled_names
+
+    def model(y):
+        with numpyro.plate("groups", 3, dim=-2), numpyro.plate("members", 17, dim=-1):
+            theta = numpyro.sample("theta", dist.Normal(0.0, 1.0))
+        scale = numpyro.param("scale", 1.25, constraint=dist.constraints.positive)
+        numpyro.sample("y", dist.Normal(theta, scale), obs=y)
+
+    y = jnp.asarray(np.random.default_rng(0).normal(size=(3, 17)))
+    with compilations() as compiled:
+        blrppl.EM(model).plan(y)
+    assert "jit(stage)" not in compiled_names(compiled)
