@@ -118,6 +118,14 @@ def test_to_device_makes_jnp_asarrays_array_without_compiling():
         assert isinstance(array, jax.Array)
         assert (array.dtype, array.shape, array.weak_type) == (expected.dtype, expected.shape, expected.weak_type)
         np.testing.assert_array_equal(array, expected)
+        put = jax.device_put(value)
+        assert (array.committed, array.sharding) == (put.committed, put.sharding)
+    strided = np.arange(24.0).reshape(4, 6)[::2, 1::2]  # a view: the transfer reads it as numpy does
+    np.testing.assert_array_equal(compile_mode.to_device(strided), strided)
+    narrowed = compile_mode.to_device(np.arange(3, dtype=np.int64))  # canonicalised as device_put does
+    assert narrowed.dtype == jnp.asarray(np.arange(3, dtype=np.int64)).dtype
+    with pytest.raises(TypeError):
+        compile_mode.to_device(np.array(["a"]))
     inside = jax.jit(lambda x: compile_mode.to_device(np.ones(3)) + x)(1.0)  # inside a trace: jnp.asarray
     np.testing.assert_array_equal(inside, np.full(3, 2.0))
 

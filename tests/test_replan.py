@@ -8,6 +8,7 @@ change a decision of the first plan (a term dropped for a zero coefficient)
 or fail validation are planned on the host, which says what is wrong.
 """
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -104,6 +105,14 @@ def test_replanned_arrays_equal_the_host_plan(name, engine_cls):
     assert replanned.graph.model_kwargs.keys() == new_kwargs.keys()
     for key in new_kwargs:
         assert replanned.graph.model_kwargs[key] is new_kwargs[key]
+    # The replanned plan and graph are the reference ones with the new data, nothing else changed
+    # (they are copied without dataclasses.replace), and the graph's data are the new data.
+    for new, old in ((replanned, first), (replanned.graph, first.graph)):
+        for field in dataclasses.fields(old):
+            if field.name not in ("arrays", "graph", "model_args", "model_kwargs"):
+                assert getattr(new, field.name) is getattr(old, field.name)
+    assert all(a is b for a, b in zip(replanned.graph.data.arrays, split_model_data(new_args, new_kwargs).arrays))
+    assert any(a is not b for a, b in zip(first.graph.data.arrays, replanned.graph.data.arrays))
 
 
 SECOND_RUNS = [

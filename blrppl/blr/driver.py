@@ -23,7 +23,7 @@ from blrppl.blr.ahead import compile_side_by_side
 from blrppl.blr.restarts import folded_keys
 from blrppl.blr.state import BLRState, InferenceAlgorithm
 from blrppl.blr.watchdog import block_until_ready
-from blrppl.compile_mode import SizeDependentJit, size_dependent_jit
+from blrppl.compile_mode import SizeDependentJit, size_dependent_jit, to_device
 
 
 def init(algorithm: InferenceAlgorithm, rng_key: jax.Array, arrays: Any) -> BLRState:
@@ -224,9 +224,9 @@ def _loop(algorithm, num_steps, arrays, state, tol, progress_bar, num_updates, s
 
 
 def _head(buffer: jax.Array, end: int) -> jax.Array:
-    """``buffer[:end]``, cut on the host (no compiled slice per length; ``device_put``
-    compiles nothing, where ``jnp.asarray`` of a host array stages a program per shape)."""
-    return jax.device_put(np.asarray(buffer)[:end])
+    """``buffer[:end]``, cut on the host (no compiled slice per length) and transferred
+    (:func:`~blrppl.compile_mode.to_device`: nothing compiles)."""
+    return to_device(np.asarray(buffer)[:end])
 
 
 CONFIRMATIONS = 2
@@ -461,7 +461,7 @@ def run_restarts(
             break
     if bar is not None:
         bar.close()
-    return states, jax.device_put(np.asarray(buffer)[:, :end]), jax.device_put(ends), jax.device_put(done)
+    return states, to_device(np.asarray(buffer)[:, :end]), to_device(ends), to_device(done)
 
 
 def _restart_loop_inputs(num_restarts: int, num_steps: int, tol: Optional[float]) -> tuple:

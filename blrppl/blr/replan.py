@@ -40,6 +40,7 @@ planned on the host every time, as before.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
@@ -113,10 +114,28 @@ class Replanner(NamedTuple):
     def with_data(self, arrays: Any, data: ModelData) -> Plan:
         """The reference plan with new arrays, its graph holding the new arguments."""
         args, kwargs = data.rebuild()
-        graph = dataclasses.replace(self.plan.graph, model_args=args, model_kwargs=kwargs)
-        plan = dataclasses.replace(self.plan, graph=graph, arrays=arrays)
+        graph = _replaced(self.plan.graph, model_args=args, model_kwargs=kwargs)
+        graph.__dict__["data"] = data
+        plan = _replaced(self.plan, graph=graph, arrays=arrays)
         plan.__dict__["signature"] = self.plan.signature  # the same structure, shapes and dtypes
         return plan
+
+
+def _replaced(obj: Any, **changes: Any) -> Any:
+    """``dataclasses.replace(obj, **changes)`` for the plan's frozen dataclasses, without their
+    ``__init__`` (a tenth of a small model's replanning): the fields copied, ``changes`` set,
+    cached properties left to be computed again."""
+    cls = type(obj)
+    if hasattr(cls, "__post_init__"):
+        return dataclasses.replace(obj, **changes)
+    new = object.__new__(cls)
+    new.__dict__.update({name: getattr(obj, name) for name in _field_names(cls)}, **changes)
+    return new
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple:
+    return tuple(field.name for field in dataclasses.fields(cls))
 
 
 #: Most elements compared on the host to recognise the reference data (larger data are replayed).

@@ -25,7 +25,7 @@ from blrppl.blr.replan import Replanner, record_plan
 from blrppl.blr.restarts import best_restart
 from blrppl.blr.starts import raise_invalid_start, start_tests
 from blrppl.blr.state import InferenceAlgorithm
-from blrppl.compile_mode import full_precision
+from blrppl.compile_mode import full_precision, to_device
 from blrppl.errors import ModelError
 from blrppl.engines.batch import run_batched
 from blrppl.graph.data import split_model_data
@@ -68,15 +68,16 @@ class Engine:
         they would change the plan's structure or fail validation: those are
         planned on the host again (which says what is wrong with them).
         """
-        replanner = self.replanner(*model_args, **model_kwargs)
+        data = split_model_data(model_args, model_kwargs)
+        replanner = self._replanners.get(data.signature)
         if replanner is not None:
-            plan = replanner.plan_for(split_model_data(model_args, model_kwargs))
+            plan = replanner.plan_for(data)
             if plan is not None:
                 return plan
             return make_plan(self.model, model_args, model_kwargs, self.config)
         plan, replanner = record_plan(self.model, model_args, model_kwargs, self.config)
         if replanner is not None:
-            self._replanners[split_model_data(model_args, model_kwargs).signature] = replanner
+            self._replanners[data.signature] = replanner
         return plan
 
     def replanner(self, *model_args: Any, **model_kwargs: Any) -> Optional[Replanner]:
@@ -206,10 +207,10 @@ class Engine:
             raise ModelError(f"site {next(iter(plan.qs))!r}: every restart diverged; check the model and data.")
         state = driver.take(states, best)
         restarts = Restarts(
-            state=states, elbo=elbo, num_steps=jax.device_put(np.asarray(num_run)), best=best, finite=jax.device_put(np.asarray(finite))
+            state=states, elbo=elbo, num_steps=to_device(np.asarray(num_run)), best=best, finite=to_device(np.asarray(finite))
         )
         best_stopped = bool(np.asarray(stopped)[best])
-        best_elbo = jax.device_put(np.asarray(elbo)[best, : num_run[best]])  # cut on the host: nothing compiles
+        best_elbo = to_device(np.asarray(elbo)[best, : num_run[best]])  # cut on the host: nothing compiles
         convergence = Convergence.of(best_stopped, tol, num_run[best], algorithm.noisy, algorithm.exact, best_elbo.dtype)
         flags = self._flags(plan, state, best_elbo, best_stopped, algorithm.noisy) + disagreement(elbo, num_run, finite)
         return BLRResult(

@@ -46,7 +46,7 @@ class ModelData(NamedTuple):
     @property
     def signature(self) -> tuple:
         """Hashable structure: the tree, the static leaves, the arrays' shapes and dtypes."""
-        shapes = tuple((tuple(np.shape(a)), str(a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype)) for a in self.arrays)
+        shapes = tuple((tuple(a.shape), str(a.dtype)) for a in self.arrays)  # numpy or JAX arrays
         static = tuple((i, _hashable(v)) for i, v in self.static)
         return (self.treedef, static, shapes)
 

@@ -9,6 +9,7 @@ Nodes are frozen dataclasses; engines close over them (they are static).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -219,9 +220,10 @@ class FactorGraph:
             return node
         return next((f for f in self.factors.values() if site in f.sites), None)
 
-    @property
+    @functools.cached_property
     def data(self) -> Any:
-        """The model's arguments as :class:`~blrppl.graph.replay.ModelData`."""
+        """The model's arguments as :class:`~blrppl.graph.replay.ModelData` (the graph is frozen:
+        split once)."""
         return split_model_data(self.model_args, self.model_kwargs)
 
     def to_networkx(self) -> Any:

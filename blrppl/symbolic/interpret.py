@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from blrppl.compile_mode import to_device
 from blrppl.graph import tape
 from blrppl.graph.jaxpr import (
     call_body,
@@ -206,7 +207,7 @@ def _host_call(eqn: Any, invals: list) -> list | None:
 
 def _bind(prim: Any, params: dict, invals: Sequence[Any]) -> list:
     """A primitive on constant inputs, evaluated now (numpy outputs)."""
-    out = prim.bind(*[v if is_key(v) else jax.device_put(v) for v in invals], **params)  # no staging compile
+    out = prim.bind(*[v if is_key(v) else to_device(v) for v in invals], **params)  # no staging compile
     outs = out if prim.multiple_results else [out]
     return [o if is_key(o) else np.asarray(o) for o in outs]
 
