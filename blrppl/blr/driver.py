@@ -176,12 +176,20 @@ def _loop_inputs(num_steps: int, tol: Optional[float]) -> tuple:
     """``(threshold, buffer, previous, hits)``, the loop's first inputs.
 
     Made in numpy (and the outputs read there): an eager jnp call on the host
-    compiles a one-operation program per new shape.
+    compiles a one-operation program per new shape. Read-only and made once per
+    buffer length, ``tol`` and precision (a small model's refit pays microseconds).
     """
-    dtype = jnp.result_type(float)
-    threshold = np.asarray(-1.0 if tol is None else float(tol), dtype)
-    buffer = np.full((_buffer_length(num_steps),), np.nan, dtype)
-    return threshold, buffer, np.asarray(np.inf, dtype), np.zeros((), np.int32)
+    return _made_loop_inputs(_buffer_length(num_steps), None if tol is None else float(tol), bool(jax.config.jax_enable_x64))
+
+
+@functools.lru_cache(maxsize=64)
+def _made_loop_inputs(length: int, tol: Optional[float], x64: bool) -> tuple:
+    dtype = jnp.result_type(float)  # float64 where x64 (part of the key), else float32
+    threshold = np.asarray(-1.0 if tol is None else tol, dtype)
+    inputs = threshold, np.full((length,), np.nan, dtype), np.asarray(np.inf, dtype), np.zeros((), np.int32)
+    for array in inputs:
+        array.setflags(write=False)
+    return inputs
 
 
 def _loop(algorithm, num_steps, arrays, state, tol, progress_bar, num_updates, stop=None):
