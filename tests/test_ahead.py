@@ -113,8 +113,10 @@ def test_weakly_typed_outputs_keep_their_type():
     second = SizeDependentJit(lambda y, p: y + p, data_argnum=0)
     x = jnp.linspace(0.0, 1.0, 7)
     with compilations() as ahead_of_time:
-        ahead.compile_side_by_side(first, (x, 1.5), second, lambda outputs: outputs)
-    assert len(ahead_of_time) == 2
+        started = ahead.compile_side_by_side(first, (x, 1.5), second, lambda outputs: outputs)
+    assert len(ahead_of_time) == 2  # the start was run too, by the program compiled here
+    np.testing.assert_array_equal(started[0], 2.0 * np.asarray(x))
+    assert started[1].weak_type and float(started[1]) == 1.5
     with compilations() as during_the_run:
         y, p = first(x, 1.5)
         assert p.weak_type

@@ -160,8 +160,8 @@ def checked_run(
         stop = np.asarray(num_steps, np.int32) if progress_bar else stop
         return algorithm, arrays, _lean(algorithm, state), buffer, np.asarray(0, np.int32), stop, previous, hits, threshold
 
-    compile_side_by_side(_init, init_args, _run_chunk, chunk_args)
-    state, valid, stop = _init(*init_args)
+    started = compile_side_by_side(_init, init_args, _run_chunk, chunk_args)
+    state, valid, stop = started if started is not None else _init(*init_args)
     if progress_bar:
         valid = np.asarray(block_until_ready(valid))
         if not bool(np.all(valid)):
@@ -310,6 +310,7 @@ def init_restarts(
     beside the starts (:mod:`blrppl.blr.ahead`).
     """
     init_args = (algorithm, rng_keys, arrays, batched_data)
+    started = None
     if loop is not None:
         threshold, buffer, previous, hits = _restart_loop_inputs(int(jnp.shape(rng_keys)[0]), *loop)
 
@@ -317,8 +318,8 @@ def init_restarts(
             zero = np.asarray(0, np.int32)
             return algorithm, arrays, states, buffer, zero, zero, previous, hits, threshold, batched_data
 
-        compile_side_by_side(_init_many, init_args, _run_chunks, chunk_args)
-    return _init_many(*init_args)
+        started = compile_side_by_side(_init_many, init_args, _run_chunks, chunk_args)
+    return started if started is not None else _init_many(*init_args)
 
 
 def init_with_restarts(
@@ -335,6 +336,7 @@ def init_with_restarts(
     whose loop then compiles beside the starts (:mod:`blrppl.blr.ahead`).
     """
     init_args = (algorithm, random_algorithm, tests, num_restarts, rng_key, arrays)
+    started = None
     if loop is not None:
         threshold, buffer, previous, hits = _restart_loop_inputs(num_restarts, *loop)
 
@@ -343,8 +345,8 @@ def init_with_restarts(
             zero = np.asarray(0, np.int32)
             return algorithm, arrays, states, buffer, zero, zero, previous, hits, threshold, False
 
-        compile_side_by_side(_init_with_restarts, init_args, _run_chunks, chunk_args)
-    states, valid = _init_with_restarts(*init_args)
+        started = compile_side_by_side(_init_with_restarts, init_args, _run_chunks, chunk_args)
+    states, valid = started if started is not None else _init_with_restarts(*init_args)
     return states, np.asarray(block_until_ready(valid))
 
 
