@@ -20,7 +20,7 @@ from numpyro.infer import Predictive
 
 import blrppl
 from blrppl.engines.diagonal import DiagonalBLR
-from tests.compiles import compilations
+from tests.compiles import compilations, compiled_names
 from tests.float32 import run_in_float32
 
 SIGMA = 0.5
@@ -171,6 +171,21 @@ def test_result_api_draws_guide_and_arviz(data):
     idata = result.to_arviz(jax.random.key(3), num_samples=50)
     assert idata.posterior["b"].shape == (1, 50, 5)
     assert set(result.natural_params) == {"b", "prec"}
+
+
+def test_draws_from_q_are_one_compiled_program(data):
+    """Eagerly, q's draws and the model's deterministic sites compiled 46 one-operation programs."""
+    X, y = data
+
+    def model(X, y=None):  # a fresh model: nothing cached
+        with_deterministic(X, y)
+
+    result = DiagonalBLR(model).run(jax.random.key(0), 50, X, y=y)
+    with compilations() as compiled:
+        draws = result.sample(jax.random.key(1), 13)
+    assert set(compiled_names(compiled)) <= {"jit(evaluate)"}, compiled_names(compiled)
+    assert {k: v.shape for k, v in draws.items()} == {"b": (13, 5), "prec": (13,), "sd": (13,)}
+    np.testing.assert_allclose(draws["sd"], 1 / np.sqrt(draws["prec"]), rtol=1e-12)
 
 
 def test_a_second_run_on_new_data_compiles_nothing(data):
