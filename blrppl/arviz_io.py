@@ -132,12 +132,20 @@ def _check_log_likelihood_size(graph: Any, num_draws: int) -> None:
         )
 
 
+@jax.jit
+def _two_keys(key: jax.Array) -> tuple:
+    """``jax.random.split(key)``'s two keys, as one program (unpacking the array compiles an unstack)."""
+    keys = jax.random.split(key)
+    return keys[0], keys[1]
+
+
 def same_optimum(result: Any) -> list[int]:
     """Restarts whose q is within :data:`SAME_OPTIMUM_KL` of the best restart's q."""
     r = result.restarts
     stacked = r.state.natural if r.state.average is None else r.state.average
     kls = np.asarray(_restart_kls(result.plan)(dict(stacked), r.best))
-    return [c for c in range(result.num_restarts) if bool(r.finite[c]) and (c == r.best or kls[c] <= SAME_OPTIMUM_KL)]
+    finite = np.asarray(r.finite)  # read once: indexing a device array compiles a slice
+    return [c for c in range(result.num_restarts) if bool(finite[c]) and (c == r.best or kls[c] <= SAME_OPTIMUM_KL)]
 
 
 def _restart_kls(plan: Any) -> Callable:
@@ -215,11 +223,11 @@ def to_arviz(
     posterior, log_lik, predicted = [], [], []
     for c, fit in enumerate(fits):
         key = rng_key if len(fits) == 1 else jax.random.fold_in(rng_key, c)
-        sample_key, predictive_key = jax.random.split(key)
+        sample_key, predictive_key = _two_keys(key)
         draws = draw(fit, sample_key, num_samples)
         posterior.append(jax.tree.map(np.asarray, draws.sites))
-        if log_likelihood:
-            latents = jax.tree.map(lambda x: x[thinned], draws.latents)
+        if log_likelihood:  # every draw by default; thinned on the host (eager gathers compile)
+            latents = draws.latents if len(thinned) == num_samples else jax.tree.map(lambda x: np.asarray(x)[thinned], draws.latents)
             log_lik.append(jax.tree.map(np.asarray, pointwise_log_likelihood(fit, latents)))
         if posterior_predictive:
             predicted.append(jax.tree.map(np.asarray, predictive(fit, predictive_key, draws.sites)))

@@ -6,11 +6,12 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import numpyro
 import numpyro.distributions as dist
 
 from blrppl.blr.state import BLRState
-from blrppl.compile_mode import full_precision
+from blrppl.compile_mode import full_precision, to_device
 from blrppl.graph.replay import split_latents
 from blrppl.posterior import block_marginals, posterior_distributions, q_distribution
 
@@ -128,8 +129,15 @@ class BLRResult(NamedTuple):
                 raise IndexError(f"the fit has no restarts; restart({index}) does not exist.")
             return self
         r = self.restarts
-        state = jax.tree.map(lambda a: a[index], r.state)
-        return BLRResult(self.plan, state, r.elbo[index, : int(r.num_steps[index])], self.mode)
+        count = self.num_restarts
+        if not -count <= int(index) < count:
+            raise IndexError(f"restart({index}) does not exist: the fit has {count} restarts.")
+        index = int(index) % count
+        # One compiled take and a cut on the host: eagerly, every leaf's a[index] compiled a slice.
+        from blrppl.blr.driver import take
+
+        num_steps = int(np.asarray(r.num_steps)[index])
+        return BLRResult(self.plan, take(r.state, index), to_device(np.asarray(r.elbo)[index, :num_steps]), self.mode)
 
     @full_precision
     def pareto_k(self, rng_key: jax.Array, num_samples: int = 1000):

@@ -65,6 +65,19 @@ def test_the_result_is_the_best_restart_and_restart_zero_is_the_plain_run(mixtur
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
 
 
+def test_a_restart_is_taken_by_index_and_a_missing_one_is_an_error(mixture_fit):
+    result, _ = mixture_fit
+    count = result.num_restarts
+    last = result.restart(count - 1)
+    for a, b in zip(jax.tree.leaves(result.restart(-1).state), jax.tree.leaves(last.state)):
+        np.testing.assert_array_equal(jax.random.key_data(a) if jnp.issubdtype(a.dtype, jax.dtypes.prng_key) else a,
+                                      jax.random.key_data(b) if jnp.issubdtype(b.dtype, jax.dtypes.prng_key) else b)
+    steps = int(result.restarts.num_steps[count - 1])
+    np.testing.assert_array_equal(last.elbo, result.restarts.elbo[count - 1, :steps])
+    with pytest.raises(IndexError, match="does not exist"):  # JAX's indexing clamped it to the last restart
+        result.restart(count)
+
+
 def test_unimodal_model_gives_rhat_near_one(rng_key):
     entry = ZOO["normal_mean_precision"]
     args, kwargs = entry.data()
