@@ -31,6 +31,7 @@ import json
 import os
 import pathlib
 import sys
+import threading
 import time
 import warnings
 from typing import Any, Optional, Sequence
@@ -89,12 +90,23 @@ def _engine(entry: Any, algorithm: str, model_args: tuple, model_kwargs: dict) -
     return ENGINES[algorithm](entry.model), algorithm, "--algorithm", None
 
 
+def _import_quietly(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - the import where it is used raises it
+        pass
+
+
 def _fit_one(name: str, entry: Any, args: argparse.Namespace, out: Optional[pathlib.Path]) -> None:
     import jax
     import numpy as np
 
     from blrppl.summary import param_lines, summary_lines
 
+    # ArviZ's import (2-3 s: xarray, scipy) runs beside the fit, which spends most of its time in
+    # XLA with Python's lock released; the caller ignores FutureWarnings around this whole call.
+    preload = threading.Thread(target=_import_quietly, args=("arviz",), daemon=True)
+    preload.start()
     model_args, model_kwargs = entry.data()
     start = time.perf_counter()
     engine, engine_name, why, plan = _engine(entry, args.algorithm, model_args, model_kwargs)
@@ -106,6 +118,7 @@ def _fit_one(name: str, entry: Any, args: argparse.Namespace, out: Optional[path
     else:
         result = engine.run(jax.random.key(args.seed), args.steps, *model_args, **options, **model_kwargs)
     seconds = time.perf_counter() - start
+    preload.join()
     idata = result.to_arviz(jax.random.key(args.seed + 1), num_samples=args.draws)
     posterior = {k: np.asarray(v.values).reshape((-1,) + v.shape[2:]) for k, v in idata.posterior.items()}
     lines += summary_lines(posterior, 0.9, MAX_SUMMARY_SIZE)
