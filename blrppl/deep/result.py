@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Optional
 
 import jax
@@ -13,7 +14,11 @@ from numpyro.infer import Predictive
 from blrppl.compile_mode import probe, structure_of
 from blrppl.deep.flat import FlatModel
 from blrppl.deep.rules import DiagonalState, Rule
+from blrppl.errors import ModelError
 from blrppl.posterior import TransformedGaussian, is_identity
+
+MAX_DRAWN_NUMBERS = 1 << 27
+"""The most numbers (1 GiB of float64) that :meth:`DiagonalResult.sample` draws for one deterministic site."""
 
 
 class DiagonalResult:
@@ -70,12 +75,22 @@ class DiagonalResult:
     def sample(self, rng_key: jax.Array, num_samples: int) -> dict:
         """Latent and deterministic sites -> (num_samples, *shape) draws from q.
 
+        Deterministic sites inside the subsampled plate are computed on all N of its
+        rows, not on one minibatch (the model runs with the plate's indices 0..N-1).
         One compiled program (:func:`~blrppl.compile_mode.probe`, once per structure and
         number of draws): run eagerly, each of its operations and of the model's compiled a
         program of its own (46 of them, 4-5 s, for a 5-coefficient regression).
         """
         deterministic = self._deterministic_sites()
-        flat = self.flat
+        for name, shape in deterministic.items():
+            size = num_samples * math.prod(shape)
+            if size > MAX_DRAWN_NUMBERS:
+                raise ModelError(
+                    f"site {name!r}: {num_samples} draws of this deterministic site (shape {tuple(shape)} per draw, "
+                    f"on all rows of its plate) would hold {size:,} numbers; draw fewer (num_samples=...), or "
+                    "compute it on the rows you need with numpyro.infer.Predictive and result.guide()."
+                )
+        flat, model = self.flat, self._on_all_rows()
 
         def draw(rng_key, state, arrays):
             mean, precision = state.averaged()
@@ -84,7 +99,7 @@ class DiagonalResult:
             latents = jax.vmap(lambda v: flat.constrain(v)[0])(u)
             if deterministic:
                 args, kwargs = flat.data.rebuild(arrays)
-                extra = Predictive(flat.model, posterior_samples=latents, return_sites=deterministic)(
+                extra = Predictive(model, posterior_samples=latents, return_sites=list(deterministic))(
                     jax.random.fold_in(rng_key, 1), *args, **kwargs
                 )
                 latents.update(extra)
@@ -92,15 +107,24 @@ class DiagonalResult:
 
         return probe(draw)(rng_key, self.state, tuple(flat.data.arrays))
 
-    def _deterministic_sites(self) -> list:
-        """The model's deterministic sites, read from an abstract run (nothing compiled)."""
+    def _on_all_rows(self) -> Callable:
+        """The model with its subsampled plate's indices fixed to all N rows (else the model)."""
+        sub = self.flat.subsample
+        if sub.name is None or sub.batch_size == sub.size:
+            return self.flat.model
+        return numpyro.handlers.substitute(self.flat.model, data={sub.name: jnp.arange(sub.size)})
 
-        def names(arrays):
+    def _deterministic_sites(self) -> dict:
+        """The model's deterministic sites and their shapes on all rows, read from an abstract
+        run (nothing compiled)."""
+        model = self._on_all_rows()
+
+        def shapes(arrays):
             args, kwargs = self.flat.data.rebuild(arrays)
-            trace = numpyro.handlers.trace(numpyro.handlers.seed(self.flat.model, 0)).get_trace(*args, **kwargs)
-            return [name for name, site in trace.items() if site["type"] == "deterministic"]
+            trace = numpyro.handlers.trace(numpyro.handlers.seed(model, 0)).get_trace(*args, **kwargs)
+            return {name: jnp.shape(site["value"]) for name, site in trace.items() if site["type"] == "deterministic"}
 
-        return structure_of(names, tuple(self.flat.data.arrays))
+        return structure_of(shapes, tuple(self.flat.data.arrays))
 
     def guide(self) -> Callable:
         """A NumPyro guide drawing every latent site from q (for ``Predictive``)."""

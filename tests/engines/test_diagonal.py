@@ -188,6 +188,26 @@ def test_draws_from_q_are_one_compiled_program(data):
     np.testing.assert_allclose(draws["sd"], 1 / np.sqrt(draws["prec"]), rtol=1e-12)
 
 
+def subsampled_with_deterministic(X, y=None, batch=None):
+    b = numpyro.sample("b", dist.Normal(jnp.zeros(X.shape[1]), 1.0))
+    with numpyro.plate("data", X.shape[0], subsample_size=batch):
+        x = numpyro.subsample(X, event_dim=1)
+        mean = numpyro.deterministic("mean", x @ b)
+        numpyro.sample("y", dist.Normal(mean, SIGMA), obs=None if y is None else numpyro.subsample(y, event_dim=0))
+
+
+def test_a_deterministic_site_in_the_subsampled_plate_is_drawn_on_every_row(data):
+    """It was drawn on one minibatch's rows (50 of 500), in sample and to_arviz alike."""
+    X, y = data
+    result = DiagonalBLR(subsampled_with_deterministic).run(jax.random.key(0), 100, X, y=y, batch=50)
+    draws = result.sample(jax.random.key(1), 7)
+    assert draws["mean"].shape == (7, X.shape[0])
+    np.testing.assert_allclose(draws["mean"], draws["b"] @ X.T, rtol=1e-10, atol=1e-12)
+    assert result.to_arviz(jax.random.key(2), num_samples=5).posterior["mean"].shape == (1, 5, X.shape[0])
+    with pytest.raises(blrppl.ModelError, match="site 'mean'.*draw fewer"):
+        result.sample(jax.random.key(1), (1 << 27) // X.shape[0] + 1)
+
+
 def test_a_second_run_on_new_data_compiles_nothing(data):
     X, y = data
     engine = DiagonalBLR(regression, beta2=0.999)
