@@ -293,7 +293,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         local_axes = sub.local_axes if sub is not None else {}
         return elbo_terms(
             rng_key, qs, estimators, natural, params, arrays, batch, plate_factors, local_axes, scale,
-            skip=plan.imputed, rows=plan.orphans, known=known,
+            skip=plan.imputed, rows=plan.orphans, known=known, estimates=estimates,
         )
 
     sequential = any(est.sequential for est in estimators)

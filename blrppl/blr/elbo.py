@@ -35,6 +35,7 @@ def elbo_terms(
     skip: frozenset = frozenset(),
     rows: Optional[Mapping[str, Any]] = None,
     known: Optional[Mapping[str, Any]] = None,
+    estimates: Optional[Sequence[Any]] = None,
 ) -> jax.Array:
     """ELBO = Σ_f E_q[log f] + Σ_v H[q_v].
 
@@ -51,21 +52,24 @@ def elbo_terms(
     ``rows`` (variable -> boolean mask of its batch shape) keeps only those
     rows' entropies (orphan rows are integrated out, :mod:`blrppl.blr.orphans`).
     ``known``: :func:`moments` of ``natural`` when the caller has them.
+    ``estimates``: per estimator, the function to call for ``est.estimate`` (the step's
+    jitted ones: their traces are then shared with the site parameters').
     """
     rows = rows or {}
     local_axes = local_axes or {}
     known = moments(qs, natural) if known is None else known
     mean = {v: m for v, (m, _) in known.items()}
     total = jnp.zeros((), jnp.result_type(float))
-    for i, est in enumerate(estimators):
+    estimates = [est.estimate for est in estimators] if estimates is None else estimates
+    for i, (est, estimate) in enumerate(zip(estimators, estimates)):
         key = jax.random.fold_in(rng_key, i)
         if est.factor in skip:
             continue
         if batch is not None and est.factor in plate_factors:
-            value, _ = est.estimate(key, mean, params, arrays, batch=batch)
+            value, _ = estimate(key, mean, params, arrays, batch=batch)
             total = total + scale * value
         else:
-            total = total + est.estimate(key, mean, params, arrays)[0]
+            total = total + estimate(key, mean, params, arrays)[0]
     for v, h in entropy_terms(qs, natural, known).items():
         if v in skip:
             continue
