@@ -12,7 +12,8 @@ call on new data whose compiled fit takes 14 ms).
 Inside :func:`loops_compiled_once`, an eager ``scan`` or ``while`` is looked
 up by its printed parameters (the body's equations, shapes and literals) and
 its arguments' types, and runs the program compiled for the first loop of
-that structure. A body whose text does not determine it (constants closed
+that structure (with cheap settings where :func:`blrppl.eager_ops.options_for`
+says so). A body whose text does not determine it (constants closed
 over outside its arguments, a Python callback, an object printed by address)
 is compiled as JAX would. Outside the context, and inside any trace, the
 primitives behave exactly as JAX's own.
@@ -31,6 +32,7 @@ from jax.extend.core import ClosedJaxpr
 from jax.extend.core import primitives as _primitives
 
 from blrppl.compile_mode import recently_used
+from blrppl.eager_ops import cheap_eager_ops, options_for
 
 _ACTIVE = contextvars.ContextVar("blrppl_loops_compiled_once", default=False)
 _PROGRAMS: dict = {}
@@ -68,8 +70,12 @@ def _structural_impl(primitive: Any, original: Callable) -> Callable:
         key = _ACTIVE.get() and _key(primitive, args, params)
         if not key:
             return original(*args, **params)
+        options = options_for(args)  # cheap settings for small loops on a CPU (blrppl.eager_ops)
+        key = key + (options is not None,)
         with _LOCK:
-            program = recently_used(_PROGRAMS, key, lambda: jax.jit(_bind(primitive, params)), _MAX_PROGRAMS)
+            program = recently_used(
+                _PROGRAMS, key, lambda: jax.jit(_bind(primitive, params), compiler_options=options), _MAX_PROGRAMS
+            )
         with jax.disable_jit(False):  # as JAX's own eager dispatch: never the Python body again
             return program(*args)
 
@@ -104,11 +110,12 @@ def _key(primitive: Any, args: tuple, params: dict) -> Optional[tuple]:
 
 
 def with_loops_compiled_once(fun: Callable) -> Callable:
-    """``fun`` run inside :func:`loops_compiled_once` (for planning entry points)."""
+    """``fun`` run inside :func:`loops_compiled_once` and
+    :func:`~blrppl.eager_ops.cheap_eager_ops` (for planning entry points)."""
 
     @functools.wraps(fun)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        with loops_compiled_once():
+        with loops_compiled_once(), cheap_eager_ops():
             return fun(*args, **kwargs)
 
     return wrapped
