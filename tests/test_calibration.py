@@ -48,8 +48,11 @@ def test_a_batched_fit_equals_each_data_set_fitted_alone(rng_key):
 def test_batches_need_a_common_leading_axis(rng_key):
     entry = ZOO["linear_regression"]
     (X,), kwargs = entry.data()
-    with pytest.raises(blrppl.ModelError, match="leading batch axis"):
-        blrppl.VMP(entry.model).run_batched(rng_key, 5, X, y=np.stack([kwargs["y"]] * 3))
+    y = np.stack([kwargs["y"]] * 3)
+    # The message names each array argument with its shape.
+    shapes = rf"argument 0 \({X.shape[0]}, {X.shape[1]}\), y \(3, {y.shape[1]}\)"
+    with pytest.raises(blrppl.ModelError, match=f"leading batch axis.*{shapes}.*np.broadcast_to"):
+        blrppl.VMP(entry.model).run_batched(rng_key, 5, X, y=y)
 
 
 @pytest.mark.parametrize(

@@ -36,13 +36,24 @@ def batch_size(model_args: tuple, model_kwargs: dict) -> int:
     data = split_model_data(model_args, model_kwargs)
     sizes = {int(np.shape(a)[0]) if np.ndim(a) else None for a in data.arrays}
     if not data.arrays or None in sizes or len(sizes) != 1:
-        shapes = [tuple(np.shape(a)) for a in data.arrays]
+        shapes = ", ".join(f"{name} {shape}" for name, shape in _array_shapes(model_args, model_kwargs)) or "none"
         raise ModelError(
-            f"site 'data': run_batched needs every array argument with the same leading batch axis; got shapes "
-            f"{shapes}; stack the data sets on a new first axis (np.stack), broadcasting shared arrays "
-            "(np.broadcast_to)."
+            "run_batched needs every array argument of the model with the same leading batch axis B (one "
+            f"entry per data set); got {shapes}; stack the data sets on a new first axis (np.stack), "
+            "broadcasting shared arrays (np.broadcast_to(X, (B,) + X.shape))."
         )
     return sizes.pop()
+
+
+def _array_shapes(model_args: tuple, model_kwargs: dict) -> list[tuple[str, tuple]]:
+    """(argument, shape) of every array among the model's arguments, as ``split_model_data`` finds them."""
+    leaves = jax.tree_util.tree_flatten_with_path((tuple(model_args), dict(model_kwargs)))[0]
+    out = []
+    for path, leaf in leaves:
+        if isinstance(leaf, (np.ndarray, jax.Array)):
+            head = f"argument {path[1].idx}" if path[0].idx == 0 else str(path[1].key)
+            out.append((head + jax.tree_util.keystr(path[2:]), tuple(np.shape(leaf))))
+    return out
 
 
 def data_set(model_args: tuple, model_kwargs: dict, index: int) -> tuple[tuple, dict]:
