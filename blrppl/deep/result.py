@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Callable, Optional
 
 import jax
@@ -112,7 +113,14 @@ class DiagonalResult:
         sub = self.flat.subsample
         if sub.name is None or sub.batch_size == sub.size:
             return self.flat.model
-        return numpyro.handlers.substitute(self.flat.model, data={sub.name: jnp.arange(sub.size)})
+        model = numpyro.handlers.substitute(self.flat.model, data={sub.name: jnp.arange(sub.size)})
+
+        def on_all_rows(*args: Any, **kwargs: Any) -> Any:
+            with warnings.catch_warnings():  # numpyro warns that N indices are not subsample_size M
+                warnings.filterwarnings("ignore", message="subsample_size does not match", category=UserWarning)
+                return model(*args, **kwargs)
+
+        return on_all_rows
 
     def _deterministic_sites(self) -> dict:
         """The model's deterministic sites and their shapes on all rows, read from an abstract
