@@ -111,11 +111,13 @@ def averaging_flags(flat: FlatModel, state: DiagonalState) -> tuple[str, ...]:
     Monte Carlo error is estimated from the spread of the averages of the
     window's parts (batch means), in posterior sds for m, relatively for s.
     """
-    count = np.asarray(state.average.count)
+    average = jax.device_get(state.average)  # one transfer; in numpy (eager jnp compiles a program per op)
+    count = np.asarray(average.count, float)
     if np.any(count < 2):
         return ()
-    means, precisions = (np.asarray(a, float) for a in state.batch_means())
-    mean, precision = (np.asarray(a, float) for a in state.averaged())
+    # DiagonalState.batch_means and .averaged (every batch holds iterates here).
+    means, precisions = (np.asarray(a, float) / count[:, None] for a in (average.mean, average.precision))
+    mean, precision = (np.sum(np.asarray(a, float), 0) / np.sum(count) for a in (average.mean, average.precision))
     k = len(count)
     mean_error = means.std(0, ddof=1) / np.sqrt(k) * np.sqrt(precision)  # in posterior sds
     precision_error = precisions.std(0, ddof=1) / np.sqrt(k) / precision

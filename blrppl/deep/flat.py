@@ -27,6 +27,7 @@ from numpyro.infer.util import log_density
 
 from blrppl.errors import ModelError
 from blrppl.graph.data import DATA_ERRORS, ModelData, split_model_data
+from blrppl.graph.replay import placeholder
 
 
 class LatentSite(NamedTuple):
@@ -141,7 +142,11 @@ def flat_model(model: Callable, model_args: tuple, model_kwargs: dict, engine_na
       ModelError: for discrete latents, ``numpyro.param`` sites, plate-local
         latents under minibatches, or more than one subsampled plate.
     """
-    trace = handlers.trace(handlers.seed(model, 0)).get_trace(*model_args, **model_kwargs)
+    # Latents at a point of their support and the first M rows of a subsampled plate: the layout
+    # needs shapes and supports only, and a draw from each prior compiled its sampler eagerly
+    # (a Gamma's: 1 s of a first call).
+    placed = handlers.substitute(model, substitute_fn=_placeholders)
+    trace = handlers.trace(handlers.seed(placed, 0)).get_trace(*model_args, **model_kwargs)
     sites = []
     for name, site in trace.items():
         if site["type"] == "param":
@@ -171,6 +176,15 @@ def flat_model(model: Callable, model_args: tuple, model_kwargs: dict, engine_na
     except DATA_ERRORS:  # the model reads its data's values (np.unique(dept)): data stay constants
         flat = flat._replace(constant=True)
     return flat
+
+
+def _placeholders(msg: dict) -> Any:
+    """A latent's placeholder value (a point of its support) and a plate's first rows, else None."""
+    if msg["type"] == "sample" and not msg["is_observed"] and msg["value"] is None:
+        return placeholder(msg)
+    if msg["type"] == "plate" and msg["value"] is None:
+        return jnp.arange(msg["args"][1])
+    return None
 
 
 def _observation_plate(trace: dict, sites: list, engine_name: str) -> Subsample:

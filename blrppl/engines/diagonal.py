@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping, Optional, Union
 
 import jax
@@ -11,7 +12,7 @@ from numpyro import handlers
 from numpyro.infer import init_to_uniform
 
 from blrppl.blr.schedules import as_schedule
-from blrppl.compile_mode import full_precision
+from blrppl.compile_mode import ONE_SHOT_BYTES, SizeDependentJit, fast_compile, full_precision, probe, to_device
 from blrppl.deep.checks import averaging_flags, convergence_flags, data_share, prior_flags, raise_if_diverged
 from blrppl.deep.flat import FlatModel, flat_model
 from blrppl.deep.result import DiagonalResult
@@ -20,6 +21,9 @@ from blrppl.deep.rules import RULES, DiagonalState, Hyper, init_state, make_step
 
 #: Steps per compiled chunk: a run of any length compiles at most two programs.
 CHUNK = 1000
+
+CHEAP_LOOP_LATENTS = 256
+"""Models with at most this many latents (and small data) compile their step loop cheaply."""
 
 #: Default α and β2 by row: Newton-like rows take steps α ĝ / s, RMSprop/Adam
 #: are the optimizers (α ĝ / sqrt(.)); β2 sets how many steps ĥ is averaged over.
@@ -131,18 +135,25 @@ class DiagonalBLR:
             raise ValueError(f"num_steps must be a positive integer, got {num_steps}.")
         flat, run_chunk = self._compile(model_args, model_kwargs)
         arrays = flat.data.arrays
-        state = self._start(flat, rng_key) if init_state is None else init_state
-        state = state._replace(average=jax.tree.map(jnp.zeros_like, state.average))  # this run's iterates only
+        if init_state is None:
+            state = probe(functools.partial(self._start, flat))(rng_key, tuple(arrays))  # one program
+        else:  # this run's iterates only
+            state = init_state._replace(average=jax.tree.map(jnp.zeros_like, init_state.average))
+        num_steps = int(num_steps)
         length = int(round(self.average * num_steps))
-        window = jnp.stack([state.step + int(num_steps) - length, jnp.asarray(length, state.step.dtype)])
+        step = int(np.asarray(state.step))
+        window = to_device(np.asarray([step + num_steps - length, length], np.asarray(state.step).dtype))
+        # Every chunk has one length (its last steps skipped where the run ends inside it): one
+        # compiled loop per run length up to CHUNK, and one for all longer runs.
+        size = min(CHUNK, num_steps)
         traces = []
-        for chunk in _chunks(int(num_steps)):
-            state, elbo = run_chunk(chunk)(state, arrays, window)
+        for start in range(0, num_steps, size):
+            active = to_device(np.asarray(min(size, num_steps - start), np.int32))
+            state, elbo = run_chunk(size)(state, arrays, window, active)
             traces.append(elbo)
-        elbo = jnp.concatenate(traces)
+        elbo = to_device(np.concatenate(jax.device_get(traces))[:num_steps])
         raise_if_diverged(flat, state, self.rule.name)
-        mean, precision = state.averaged()
-        share = run_chunk("share")(mean, precision, arrays, jax.random.fold_in(rng_key, 1))
+        share = run_chunk("share")(state, arrays, rng_key)
         flags = convergence_flags(self.rule, elbo) + averaging_flags(flat, state) + prior_flags(share)
         return DiagonalResult(flat, self.rule, state, elbo, flags)
 
@@ -159,14 +170,20 @@ class DiagonalBLR:
                 signature = (signature, content_digest(data.arrays))
             step = make_step(flat, self.rule, self.hyper)
             chunks: dict = {}
+            # Cheap compiler settings (blrppl.compile_mode) for the loop where a step costs
+            # microseconds (small data and few latents: not a network's thousands of weights),
+            # and for the check that runs once per fit wherever the data allow it.
+            cheap_loop = fast_compile(data.arrays) and flat.dim <= CHEAP_LOOP_LATENTS
+            cheap_check = fast_compile(data.arrays, ONE_SHOT_BYTES)
 
             def run_chunk(length: Union[int, str]) -> Callable:
                 if length == "share" and length not in chunks:
-                    chunks[length] = jax.jit(lambda m, s, arrays, key: data_share(flat, m, s, arrays, key))
-                if length not in chunks:
-                    chunks[length] = jax.jit(
-                        lambda state, arrays, window: jax.lax.scan(lambda s, _: step(s, arrays, window), state, None, length)
+                    chunks[length] = SizeDependentJit(
+                        lambda state, arrays, key: data_share(flat, *state.averaged(), arrays, jax.random.fold_in(key, 1)),
+                        fast=cheap_check,
                     )
+                if length not in chunks:
+                    chunks[length] = SizeDependentJit(functools.partial(_scan_steps, step, length), fast=cheap_loop)
                 return chunks[length]
 
             memo = (flat, run_chunk)
@@ -175,29 +192,37 @@ class DiagonalBLR:
         # The data of this call (same shapes as the memo's), as arguments.
         return flat._replace(data=data), run_chunk
 
-    def _start(self, flat: FlatModel, rng_key: jax.Array) -> DiagonalState:
-        """m from ``init`` (or uniform in (-2, 2)), s = N * hess_init."""
-        values = self._initial_values(flat, jax.random.fold_in(rng_key, 0))
+    def _start(self, flat: FlatModel, rng_key: jax.Array, arrays: tuple) -> DiagonalState:
+        """m from ``init`` (or uniform in (-2, 2)), s = N * hess_init (run as one compiled program:
+        eagerly, each draw and operation of the model compiled a program of its own)."""
+        values = self._initial_values(flat, jax.random.fold_in(rng_key, 0), arrays)
         mean = flat.ravel({s.name: s.transform.inv(jnp.asarray(values[s.name])) for s in flat.sites})
         precision = jnp.full_like(mean, flat.subsample.size * self.hess_init)
         return init_state(mean, precision, rng_key)
 
-    def _initial_values(self, flat: FlatModel, key: jax.Array) -> dict:
+    def _initial_values(self, flat: FlatModel, key: jax.Array, arrays: tuple) -> dict:
         given = dict(self.init) if isinstance(self.init, Mapping) else {}
         strategy = self.init if callable(self.init) else init_to_uniform(radius=2.0)
-        args, kwargs = flat.data.rebuild()
+        args, kwargs = flat.data.rebuild(None if flat.constant else arrays)
         if flat.subsample.batch_size < flat.subsample.size:  # fixed rows: an eager subsample would compile each run
             given.setdefault(flat.subsample.name, jnp.arange(flat.subsample.batch_size))
         model = handlers.substitute(handlers.seed(flat.model, key), data=given)
         model = handlers.substitute(model, substitute_fn=strategy)
         trace = handlers.trace(model).get_trace(*args, **kwargs)
-        return {s.name: np.asarray(trace[s.name]["value"]) for s in flat.sites}
+        return {s.name: trace[s.name]["value"] for s in flat.sites}
 
     def guide(self, result: DiagonalResult) -> Callable:
         """A NumPyro guide that samples from the fitted q (for ``Predictive``)."""
         return result.guide()
 
 
-def _chunks(num_steps: int) -> list[int]:
-    full, rest = divmod(num_steps, CHUNK)
-    return [CHUNK] * full + ([rest] if rest else [])
+def _scan_steps(step: Callable, length: int, state: DiagonalState, arrays: tuple, window: jax.Array, active: jax.Array):
+    """``length`` steps of the rule, the first ``active`` of them taken (the others leave the state
+    as it is and record NaN): ``(state, ELBO per step)``."""
+
+    def body(state, i):
+        return jax.lax.cond(
+            i < active, lambda s: step(s, arrays, window), lambda s: (s, jnp.full((), jnp.nan, s.mean.dtype)), state
+        )
+
+    return jax.lax.scan(body, state, jnp.arange(length))

@@ -124,7 +124,7 @@ def run_model(
             return None if kind == "sample" and msg["is_observed"] else data[name]
         if placeholders and kind == "sample" and not msg["is_observed"]:
             _refuse_improper(msg)
-            return _placeholder(msg)
+            return placeholder(msg)
         if placeholders and kind == "plate" and msg["value"] is None:
             return jnp.arange(msg["args"][1])  # the first minibatch, not a random one
         return None
@@ -247,7 +247,7 @@ def _refuse_improper(msg: Mapping[str, Any]) -> None:
             return
 
 
-def _placeholder(msg: Mapping[str, Any]) -> Any:
+def placeholder(msg: Mapping[str, Any]) -> Any:
     """A fixed value in the support of a latent site, or None to let the sampler draw."""
     fn = msg["fn"]
     sample_shape = tuple(msg["kwargs"].get("sample_shape", ()))

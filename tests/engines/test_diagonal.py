@@ -166,7 +166,8 @@ def test_result_api_draws_guide_and_arviz(data):
     draws = result.sample(jax.random.key(1), 100)
     assert {k: v.shape for k, v in draws.items()} == {"b": (100, 5), "prec": (100,), "sd": (100,)}
     np.testing.assert_allclose(draws["sd"], 1 / np.sqrt(draws["prec"]), rtol=1e-6)
-    predictive = Predictive(with_deterministic, guide=engine.guide(result), num_samples=20)(jax.random.key(2), X)
+    # Compiled as one program, as a user would (eagerly each of numpyro's operations compiles alone).
+    predictive = jax.jit(Predictive(with_deterministic, guide=engine.guide(result), num_samples=20))(jax.random.key(2), X)
     assert predictive["y"].shape == (20, X.shape[0])
     idata = result.to_arviz(jax.random.key(3), num_samples=50)
     assert idata.posterior["b"].shape == (1, 50, 5)
