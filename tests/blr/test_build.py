@@ -29,7 +29,7 @@ def test_a_step_traced_again_runs_no_model_code_and_the_fit_is_unchanged(rng_key
     plan = engine.plan(SIGMA, y=Y)
     algorithm = engine.build(plan)
     CALLS.clear()
-    state = algorithm.init(rng_key, plan.arrays)
+    state = jax.jit(algorithm.init)(rng_key, plan.arrays)  # compiled, as the driver runs it
     first = jax.make_jaxpr(algorithm.step)(state, plan.arrays)
     # A coordinate-wise step estimates the theta factor once per variable it touches
     # (mu, tau, theta): traced once, reused twice; the start's ELBO and the step's site
