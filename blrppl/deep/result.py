@@ -53,20 +53,31 @@ class DiagonalResult:
         """False when a flag says the estimate may be wrong."""
         return not self.flags
 
+    def _site_moments(self) -> tuple[dict, dict, dict]:
+        """Site -> m, s and 1 / sqrt(s), from the averaged state by one compiled program (eagerly,
+        each of its operations compiled a program of its own: 1.4 s for ``posterior``)."""
+
+        def moments(state):
+            m, s = (self.flat.unravel(a) for a in state.averaged())
+            return m, s, {name: 1.0 / jnp.sqrt(value) for name, value in s.items()}
+
+        return probe(moments)(self.state)
+
     @property
     def natural_params(self) -> dict:
         """Site -> (s ⊙ m, -s / 2): q's natural parameters on the unconstrained space."""
-        m, s = (self.flat.unravel(a) for a in self.state.averaged())
+        m, s, _ = self._site_moments()
         return {name: (s[name] * m[name], -0.5 * s[name]) for name in m}
 
     @property
     def posterior(self) -> dict:
         """Site -> q's marginal in the site's support (``.mean``, ``.variance`` included)."""
-        m, s = (self.flat.unravel(a) for a in self.state.averaged())
+        m, _, scales = self._site_moments()
         out = {}
         for site in self.flat.sites:
-            loc, scale = m[site.name], 1.0 / jnp.sqrt(s[site.name])
-            base = dist.Normal(loc, scale).to_event(len(site.unconstrained_shape))
+            loc, scale = m[site.name], scales[site.name]
+            # s > 0 holds by construction (the rules keep it positive): no argument checks to run.
+            base = dist.Normal(loc, scale, validate_args=False).to_event(len(site.unconstrained_shape))
             if is_identity(site.transform):
                 out[site.name] = base
             else:

@@ -187,6 +187,12 @@ def test_draws_from_q_are_one_compiled_program(data):
     assert set(compiled_names(compiled)) <= {"jit(evaluate)"}, compiled_names(compiled)
     assert {k: v.shape for k, v in draws.items()} == {"b": (13, 5), "prec": (13,), "sd": (13,)}
     np.testing.assert_allclose(draws["sd"], 1 / np.sqrt(draws["prec"]), rtol=1e-12)
+    with compilations() as compiled:  # q's marginals: one program too (eagerly 20 of them, 1.4 s)
+        posterior = result.posterior
+    assert set(compiled_names(compiled)) <= {"jit(evaluate)"}, compiled_names(compiled)
+    mean, precision = result.state.averaged()
+    np.testing.assert_allclose(posterior["b"].base_dist.loc, mean[:5], rtol=1e-14)
+    np.testing.assert_allclose(posterior["b"].base_dist.scale, 1 / np.sqrt(precision[:5]), rtol=1e-14)
 
 
 def subsampled_with_deterministic(X, y=None, batch=None):
