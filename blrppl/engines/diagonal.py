@@ -19,7 +19,7 @@ from blrppl.deep.result import DiagonalResult
 from blrppl.graph.data import content_digest, split_model_data
 from blrppl.deep.rules import RULES, DiagonalState, Hyper, init_state, make_step
 
-#: Steps per compiled chunk: a run of any length compiles at most two programs.
+#: Steps per compiled chunk: a run compiles one loop (of its length up to CHUNK, else of CHUNK).
 CHUNK = 1000
 
 CHEAP_LOOP_LATENTS = 256
