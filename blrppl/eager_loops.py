@@ -25,14 +25,14 @@ import contextlib
 import contextvars
 import functools
 import threading
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import jax
 from jax.extend.core import ClosedJaxpr
 from jax.extend.core import primitives as _primitives
 
 from blrppl.compile_mode import recently_used
-from blrppl.eager_ops import cheap_eager_ops, options_for
+from blrppl.eager_ops import cheap_eager_ops, options_for, switched_on
 
 _ACTIVE = contextvars.ContextVar("blrppl_loops_compiled_once", default=False)
 _PROGRAMS: dict = {}
@@ -42,15 +42,9 @@ _INSTALLED: dict = {}
 _PRIMITIVES = ("scan_p", "while_p")
 
 
-@contextlib.contextmanager
-def loops_compiled_once() -> Iterator[None]:
+def loops_compiled_once() -> contextlib.AbstractContextManager:
     """Within this context, eager ``scan`` and ``while`` loops compile once per structure."""
-    _install()
-    token = _ACTIVE.set(True)
-    try:
-        yield
-    finally:
-        _ACTIVE.reset(token)
+    return switched_on(_ACTIVE, _install)
 
 
 def _install() -> None:

@@ -39,15 +39,21 @@ _LOCK = threading.Lock()
 _ORIGINAL: dict = {}
 
 
-@contextlib.contextmanager
-def cheap_eager_ops() -> Iterator[None]:
+def cheap_eager_ops() -> contextlib.AbstractContextManager:
     """Within this context, small eager primitives on a CPU compile with ``FAST_CPU_OPTIONS``."""
-    _install()
-    token = _ACTIVE.set(True)
+    return switched_on(_ACTIVE, _install)
+
+
+@contextlib.contextmanager
+def switched_on(flag: contextvars.ContextVar, install: Callable[[], None]) -> Iterator[None]:
+    """``flag`` set while the context lasts (in this thread and context), after ``install()``:
+    the pattern of planning's hooks on JAX's eager dispatch (here and :mod:`blrppl.eager_loops`)."""
+    install()
+    token = flag.set(True)
     try:
         yield
     finally:
-        _ACTIVE.reset(token)
+        flag.reset(token)
 
 
 def options_for(args: tuple) -> Optional[dict]:
