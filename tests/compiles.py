@@ -31,3 +31,14 @@ def compilations() -> Iterator[list]:
 def compiled_names(messages: list) -> list:
     """The programs' names (``jit(_chunk)``) in :func:`compilations`' messages."""
     return [m.split()[1] for m in messages]
+
+
+def cheap_jit(fun=None, **jit_kwargs):
+    """``jax.jit`` with blrppl's cheap XLA:CPU settings, for a test's program that runs once
+    (compiled fully optimised, such programs cost seconds to compile and microseconds to run).
+    Use as ``@cheap_jit``, ``@partial(cheap_jit, static_argnames=...)`` or ``cheap_jit(f)``."""
+    from blrppl.compile_mode import fast_cpu_options
+
+    if fun is None:
+        return lambda f: cheap_jit(f, **jit_kwargs)
+    return jax.jit(fun, compiler_options=fast_cpu_options(), **jit_kwargs)

@@ -16,6 +16,7 @@ import pytest
 import blrppl
 from blrppl.blr.plan import make_plan
 from blrppl.engines import presets
+from tests.compiles import cheap_jit
 
 N, D, M = 1000, 3, 100
 W = np.array([0.5, -0.3, 0.2])
@@ -120,17 +121,17 @@ def test_minibatch_sums_over_every_row_equal_the_full_data_estimate(data):
     mean = mean_params(full.qs, natural)
     key = jax.random.PRNGKey(2)
     # Each estimate as one compiled call (run eagerly, every operation compiles on its own).
-    value_full, grads_full = jax.jit(lambda a: est_full.estimate(key, mean, {}, a))(full.arrays)
-    value_batch, grads_batch = jax.jit(lambda a: est_batch.estimate(key, mean, {}, a))(batched.arrays)
+    value_full, grads_full = cheap_jit(lambda a: est_full.estimate(key, mean, {}, a))(full.arrays)
+    value_batch, grads_batch = cheap_jit(lambda a: est_batch.estimate(key, mean, {}, a))(batched.arrays)
     np.testing.assert_allclose(value_batch, value_full, rtol=1e-10)
     for a, b in zip(jax.tree.leaves(grads_batch), jax.tree.leaves(grads_full)):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
     # One minibatch is its rows' share: the unscaled sum over those rows.
     rows = jnp.arange(M)
-    value_rows, _ = jax.jit(lambda a: est_batch.estimate(key, mean, {}, a, batch=rows))(batched.arrays)
+    value_rows, _ = cheap_jit(lambda a: est_batch.estimate(key, mean, {}, a, batch=rows))(batched.arrays)
     head = make_plan(poisson, (X[:M], y[:M]), {}, presets.nonconjugate_vi())
     (est_head,) = [e for e in head.estimators if e.factor == "y"]
-    value_head = jax.jit(lambda a: est_head.estimate(key, mean, {}, a)[0])(head.arrays)
+    value_head = cheap_jit(lambda a: est_head.estimate(key, mean, {}, a)[0])(head.arrays)
     np.testing.assert_allclose(value_rows, value_head, rtol=1e-10)
 
 

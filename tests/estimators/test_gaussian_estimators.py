@@ -28,6 +28,7 @@ from blrppl.estimators.quadrature import gauss_hermite
 from blrppl.families import mvn
 from blrppl.families.mvn import MVNStats
 from blrppl.families.normal import NormalStats
+from tests.compiles import cheap_jit
 
 NUM_STD = 6.0
 
@@ -60,7 +61,7 @@ def _poisson(y, eta):
 
 def _run(estimator, mean, log_factor, rng_key=None):
     """``estimator.estimate`` under ``jit`` (as the engine calls it; eager is slow)."""
-    return jax.jit(lambda mu: estimator.estimate(rng_key, mu, log_factor))(mean)
+    return cheap_jit(lambda mu: estimator.estimate(rng_key, mu, log_factor))(mean)
 
 
 def _assert_tree_close(actual, expected, rtol=1e-10, atol=1e-12):
@@ -142,12 +143,12 @@ def test_delta_equals_newton_for_a_diagonal_q():
         return jnp.sum(_logistic(y, design @ beta)) - 0.1 * jnp.sum(beta**4)
 
     m = mean.x
-    g, h = jax.jit(
+    g, h = cheap_jit(
         lambda x: (jax.grad(log_factor)(x), jnp.diag(jax.hessian(log_factor)(x)))
     )(m)
     value, nat_grad = _run(delta(), mean, log_factor)
     _assert_tree_close(nat_grad, NormalStats(x=g - h * m, x_sq=h / 2))
-    np.testing.assert_allclose(value, jax.jit(log_factor)(m), rtol=1e-12)
+    np.testing.assert_allclose(value, cheap_jit(log_factor)(m), rtol=1e-12)
 
 
 @pytest.mark.parametrize("separable", [False, True])
@@ -164,7 +165,7 @@ def test_delta_equals_newton_for_full_blocks(separable):
     def log_factor(x):  # a sum over the two blocks: separable across blocks
         return jnp.sum(jax.vmap(block_log_factor)(x, weights))
 
-    @jax.jit
+    @cheap_jit
     def newton(m, w):  # per block, by autodiff
         h = jax.hessian(block_log_factor)(m, w)
         return MVNStats(jax.grad(block_log_factor)(m, w) - h @ m, h / 2)
@@ -262,7 +263,7 @@ def test_monte_carlo_within_six_standard_errors(rng_key, case, hessian, antithet
         20, hessian, antithetic=antithetic, separable=case.separable
     )
     keys = jax.random.split(rng_key, 300)
-    values, grads = jax.jit(
+    values, grads = cheap_jit(
         jax.vmap(lambda k: estimator.estimate(k, case.mean, case.log_factor))
     )(keys)
     ref_value, ref_grad = case.reference()
@@ -314,7 +315,7 @@ def test_monte_carlo_on_several_blocks(rng_key, hessian):
     mean, log_factor, (ref_value, reference) = _two_block_problem()
     estimator = monte_carlo(20, hessian)
     keys = jax.random.split(rng_key, 300)
-    values, grads = jax.jit(
+    values, grads = cheap_jit(
         jax.vmap(lambda k: estimator.estimate(k, mean, log_factor))
     )(keys)
     pairs = [(values, ref_value)] + list(
@@ -339,7 +340,7 @@ def test_delta_on_several_blocks_is_blockwise_newton(joint, monkeypatch):
     mean, log_factor, _ = _two_block_problem()
     loc = {"a": mean["a"].x, "b": mean["b"].x}
 
-    @jax.jit
+    @cheap_jit
     def newton(loc):
         grad = jax.grad(log_factor)(loc)
         h_a = jax.hessian(lambda a: log_factor({"a": a, "b": loc["b"]}))(loc["a"])
@@ -407,7 +408,7 @@ def test_blr_fixed_point_is_elbo_stationary():
         _, g = estimator.estimate(None, mvn.mean_params(natural), log_factor)
         return jax.tree.map(jnp.add, prior, g)  # λ₀ + ĝ (Khan & Rue, Eq. 58)
 
-    @jax.jit
+    @cheap_jit
     def run(natural):
         def body(_, lam):
             return positive_definite_step(lam, target(lam), 0.5)
@@ -415,8 +416,8 @@ def test_blr_fixed_point_is_elbo_stationary():
         return jax.lax.fori_loop(0, 80, body, natural)
 
     natural = run(prior)
-    assert bool(jax.jit(precision_is_positive_definite)(natural))
-    _assert_tree_close(jax.jit(target)(natural), natural, rtol=1e-10, atol=1e-10)
+    assert bool(cheap_jit(precision_is_positive_definite)(natural))
+    _assert_tree_close(cheap_jit(target)(natural), natural, rtol=1e-10, atol=1e-10)
 
     tril = np.tril_indices(dim)
 
@@ -436,7 +437,7 @@ def test_blr_fixed_point_is_elbo_stationary():
     cov = np.linalg.inv(-2 * np.asarray(natural.xxT))
     loc = cov @ np.asarray(natural.x)
     chol = np.linalg.cholesky(cov)
-    grads = jax.jit(jax.grad(elbo, argnums=(0, 1)))(loc, chol[tril])
+    grads = cheap_jit(jax.grad(elbo, argnums=(0, 1)))(loc, chol[tril])
     for g in grads:
         np.testing.assert_allclose(g, 0.0, atol=1e-9)
     assert np.linalg.norm(loc) > 0.5  # A data-driven optimum, far from the prior's.
@@ -444,8 +445,8 @@ def test_blr_fixed_point_is_elbo_stationary():
 
 # 6. The positive-definite safeguard.
 
-_step = jax.jit(positive_definite_step, static_argnames="only_if_needed")
-_valid = jax.jit(precision_is_positive_definite)
+_step = cheap_jit(positive_definite_step, static_argnames="only_if_needed")
+_valid = cheap_jit(precision_is_positive_definite)
 
 
 def _plain_step(natural, target, rho):
@@ -542,7 +543,7 @@ def test_estimators_are_jit_and_vmap_safe(rng_key):
         def row(mu, estimator=estimator):
             return estimator.estimate(rng_key, mu, log_factor)[1]
 
-        rows = jax.jit(jax.vmap(row))(mean)
+        rows = cheap_jit(jax.vmap(row))(mean)
         if estimator.method != "mc":  # MC rows see different noise
             _assert_tree_close(batched, rows)
         assert jax.tree.map(np.shape, batched) == jax.tree.map(np.shape, mean)

@@ -11,6 +11,7 @@ import blrppl
 from blrppl.estimators.linear_predictor import find_linear_predictor
 from blrppl.estimators.quadrature import gauss_hermite
 from blrppl.families.mvn import MVNStats
+from tests.compiles import cheap_jit
 
 RNG = np.random.default_rng(3)
 X = jnp.asarray(RNG.normal(size=(40, 2)))
@@ -59,14 +60,14 @@ def test_the_replay_recomputes_the_design_and_rechecks_the_structure_on_new_data
     zero = jnp.asarray(0.0)
     found = find_linear_predictor(logistic_coupled_by_data, jnp.zeros(2), (X, BINARY, zero))
     assert found is not None  # with w = 0 each term reads its own η_n
-    design, offset, ok = jax.jit(found.replay)((2.0 * X, 1.0 - BINARY, zero))
+    design, offset, ok = cheap_jit(found.replay)((2.0 * X, 1.0 - BINARY, zero))
     np.testing.assert_allclose(design, 2.0 * X, rtol=1e-14)
     np.testing.assert_allclose(offset, 0.0)
     assert bool(ok)
     # w = 0.3: the same code is no longer elementwise in η; the host would refuse it too.
-    assert not bool(jax.jit(found.replay)((X, BINARY, jnp.asarray(0.3)))[2])
+    assert not bool(cheap_jit(found.replay)((X, BINARY, jnp.asarray(0.3)))[2])
     assert find_linear_predictor(logistic_coupled_by_data, jnp.zeros(2), (X, BINARY, jnp.asarray(0.3))) is None
-    batch = jax.jit(jax.vmap(found.replay))((jnp.stack([X, X]), jnp.stack([BINARY, BINARY]), jnp.asarray([0.0, 0.3])))
+    batch = cheap_jit(jax.vmap(found.replay))((jnp.stack([X, X]), jnp.stack([BINARY, BINARY]), jnp.asarray([0.0, 0.3])))
     assert batch[2].tolist() == [True, False]
 
 
@@ -76,7 +77,7 @@ def test_the_likelihood_takes_other_data_of_the_same_shapes():
     flipped = 1.0 - BINARY
     eta = X @ jnp.array([0.3, -0.2])
     np.testing.assert_allclose(
-        jax.jit(found.log_likelihood)(eta, (X, flipped)), logistic_of_data(jnp.array([0.3, -0.2]), (X, flipped))
+        cheap_jit(found.log_likelihood)(eta, (X, flipped)), logistic_of_data(jnp.array([0.3, -0.2]), (X, flipped))
     )
 
 

@@ -18,9 +18,10 @@ import scipy.special
 
 from blrppl.families import chain_categorical as cc
 from blrppl.families import chain_gaussian as cg
+from tests.compiles import cheap_jit
 
 
-@partial(jax.jit, static_argnames=("num_steps", "dim", "batch"))
+@partial(cheap_jit, static_argnames=("num_steps", "dim", "batch"))
 def random_chain(key, num_steps, dim, batch=()):
     """A random stable linear-Gaussian chain in natural parameters, (*batch, T, d)."""
     k1, k2, k3, k4 = jax.random.split(key, 4)
@@ -73,7 +74,7 @@ def dense_moments(natural):
     }
 
 
-@partial(jax.jit, static_argnames=("num_steps", "num_categories", "batch"))
+@partial(cheap_jit, static_argnames=("num_steps", "num_categories", "batch"))
 def random_potentials(key, num_steps, num_categories, batch=()):
     """Random unary and pairwise log potentials of a discrete chain, (*batch, T, K)."""
     k1, k2 = jax.random.split(key)

@@ -16,6 +16,7 @@ import pytest
 from blrppl.errors import ModelError
 from blrppl.families import chain_categorical as cc
 from blrppl.families.base import entropy
+from tests.compiles import cheap_jit
 
 try:
     from tests.families.chain_oracles import (
@@ -35,7 +36,7 @@ def case(seed):
     return random_potentials(jax.random.key(seed), NUM_STEPS, NUM_CATEGORIES)
 
 
-@jax.jit
+@cheap_jit
 def summary(natural, paths, rng_key):
     """Everything the tests read from one chain; ``paths`` are values to score."""
     mean = cc.mean_params(natural)
@@ -57,7 +58,7 @@ def summary(natural, paths, rng_key):
     }
 
 
-@jax.jit
+@cheap_jit
 def batch_summary(natural, rng_key):
     return {
         "batched": cc.mean_params(natural),
@@ -145,7 +146,7 @@ def test_chain_categorical_with_forbidden_transitions(rng_key):
     assert not bool(cc.is_valid(impossible))
     # A step of the rule reads μ, A and the verdict off one forward-backward pass.
     both = jax.tree.map(lambda a, b: np.stack([a, b]), natural, impossible)
-    checked_mean, checked_log_norm, checked_valid = jax.jit(cc.checked_moments)(both)
+    checked_mean, checked_log_norm, checked_valid = cheap_jit(cc.checked_moments)(both)
     np.testing.assert_array_equal(checked_valid, [True, False])
     assert_trees_close(jax.tree.map(lambda a: a[0], checked_mean), mean, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(checked_log_norm[0], out["log_normalizer"], rtol=1e-12)

@@ -20,6 +20,7 @@ import scipy.stats
 from blrppl.errors import ModelError
 from blrppl.families import chain_gaussian as cg
 from blrppl.families.base import family_inner, kl_divergence
+from tests.compiles import cheap_jit
 
 try:
     from tests.families.chain_oracles import (
@@ -43,7 +44,7 @@ SCALAR_FAMILIES = {
 }
 NUM_STEPS, DIM = 13, 2
 
-kl = jax.jit(partial(kl_divergence, cg.CHAIN_GAUSSIAN))
+kl = cheap_jit(partial(kl_divergence, cg.CHAIN_GAUSSIAN))
 
 
 def case(seed):
@@ -51,7 +52,7 @@ def case(seed):
     return random_chain(jax.random.key(seed), NUM_STEPS, DIM)
 
 
-@jax.jit
+@cheap_jit
 def round_trips(natural):
     """λ -> μ -> λ -> μ and λ -> state-space form -> λ, sequential passes."""
     mean = cg.mean_params(natural)
@@ -64,7 +65,7 @@ def round_trips(natural):
     }
 
 
-@jax.jit
+@cheap_jit
 def distribution_summary(q, x, rng_key):
     """Density, moments and samples of ``q``, a pytree (so jit goes through it)."""
     family = cg.CHAIN_GAUSSIAN
@@ -81,7 +82,7 @@ def distribution_summary(q, x, rng_key):
     }
 
 
-@partial(jax.jit, static_argnames="method")
+@partial(cheap_jit, static_argnames="method")
 def scalar_family_summary(natural, x, rng_key, method):
     family = SCALAR_FAMILIES[method]
     q = family.to_numpyro(natural)
@@ -210,7 +211,7 @@ def test_from_numpyro_gaussian_state_space(rng_key):
         covariance_matrix=jnp.array([[1.0, 0.3], [0.3, 0.5]]),
         initial_value=jnp.array([1.0, -1.0]),
     )
-    natural = jax.jit(cg.from_numpyro)(prior)
+    natural = cheap_jit(cg.from_numpyro)(prior)
     x = prior.sample(rng_key, (5,))
     out = distribution_summary(cg.to_numpyro(natural), x, rng_key)
     np.testing.assert_allclose(out["log_prob"], prior.log_prob(x), rtol=1e-10)

@@ -21,6 +21,7 @@ import pytest
 
 from blrppl.families import chain_gaussian as cg
 from blrppl.families.base import entropy
+from tests.compiles import cheap_jit
 
 try:
     from tests.families.chain_oracles import (
@@ -49,7 +50,7 @@ def batch_case(dim):
     return random_chain(jax.random.key(dim), NUM_STEPS, dim, (BATCH,))
 
 
-@partial(jax.jit, static_argnames="method")
+@partial(cheap_jit, static_argnames="method")
 def pass_summary(natural, rng_key, method):
     """Everything the tests read from a batch of chains, in one compiled call."""
     family = GAUSSIAN_FAMILIES[method]
@@ -66,7 +67,7 @@ def pass_summary(natural, rng_key, method):
     }
 
 
-@partial(jax.jit, static_argnames="method")
+@partial(cheap_jit, static_argnames="method")
 def mean_and_log_normalizer(natural, method):
     return cg.mean_params(natural, method), cg.log_normalizer(natural, method)
 
@@ -157,7 +158,7 @@ def test_sequential_and_parallel_samplers_draw_the_same_paths(dim, rng_key):
 
 def test_chain_gaussian_is_valid():
     natural = random_chain(jax.random.key(18), NUM_STEPS, 2)
-    is_valid = jax.jit(cg.is_valid)
+    is_valid = cheap_jit(cg.is_valid)
     assert bool(is_valid(natural))
     # J_55 -> -J_55 makes a pivot indefinite.
     flipped = natural._replace(xx=natural.xx.at[5].multiply(-1.0))
@@ -172,7 +173,7 @@ def test_checked_moments_are_the_moments_and_the_verdict_of_one_pass():
     natural = jax.tree.map(np.array, batch_case(1))  # edited in numpy: no eager jax ops to compile
     natural.xx[1, 5] *= -1.0
     natural.x[2, 0, 0] = np.nan
-    mean, log_norm, valid = jax.jit(cg.checked_moments)(natural)
+    mean, log_norm, valid = cheap_jit(cg.checked_moments)(natural)
     np.testing.assert_array_equal(valid, [True, False, False])
     dense = dense_moments(jax.tree.map(lambda a: a[0], natural))
     np.testing.assert_allclose(mean.x[0], dense["mean"], rtol=1e-10)

@@ -32,6 +32,7 @@ from blrppl.families import (
     family_inner,
     kl_divergence,
 )
+from tests.compiles import cheap_jit
 
 NUM_MC = 20_000
 NUM_SE = 6.0
@@ -240,7 +241,7 @@ def _draws(case):
         stacked = jax.tree.map(lambda a: jnp.stack([a, a]), natural)
         keys = jax.random.split(jax.random.key(0), 2)
         sample = jax.vmap(case.family.sample, in_axes=(0, 0, None))
-        draws = jax.jit(sample, static_argnums=2)(keys, stacked, (NUM_MC // 2,))
+        draws = cheap_jit(sample, static_argnums=2)(keys, stacked, (NUM_MC // 2,))
         assert draws.shape[:2] == (2, NUM_MC // 2)
         _DRAWS[id(case)] = draws.reshape((NUM_MC,) + draws.shape[2:])
     return _DRAWS[id(case)]
@@ -288,7 +289,7 @@ def test_shapes_follow_the_numpyro_distribution(case):
 def test_mean_params_are_gradient_of_log_normalizer(case):
     family = case.family
 
-    @jax.jit
+    @cheap_jit
     def both(natural):
         gradient = jax.grad(lambda n: family.log_normalizer(n).sum())(natural)
         return family.mean_params(natural), gradient
@@ -346,7 +347,7 @@ def test_fisher_is_positive_definite_in_minimal_coordinates(case):
     def log_normalizer(theta):
         return case.family.log_normalizer(unflatten(theta)).sum()
 
-    fisher = jax.jit(jax.hessian(log_normalizer))(theta0)
+    fisher = cheap_jit(jax.hessian(log_normalizer))(theta0)
     np.testing.assert_allclose(fisher, fisher.T, rtol=1e-10, atol=1e-12)
     eigenvalues = jnp.linalg.eigvalsh(fisher)
     assert eigenvalues.min() > 1e-8 * eigenvalues.max()
@@ -357,7 +358,7 @@ def test_round_trips(case):
     """natural -> mean -> natural and usual -> natural -> usual, 1e-8 relative."""
     family = case.family
 
-    @jax.jit
+    @cheap_jit
     def round_trips(natural):
         usual = family.to_usual(natural)
         back = family.natural_params(family.mean_params(natural))
@@ -375,7 +376,7 @@ def test_entropy_matches_numpyro(case):
     family = case.family
     natural = _natural(case)
     batch = family.batch_shape(natural)
-    ours, expected = jax.jit(
+    ours, expected = cheap_jit(
         lambda n: (entropy(family, n), _oracle(case.numpyro_dist).entropy())
     )(natural)
     np.testing.assert_allclose(
@@ -424,7 +425,7 @@ def test_kl_divergence_matches_oracle(case):
     other = family.from_numpyro(case.other)
     kl = functools.partial(kl_divergence, family)
 
-    @jax.jit
+    @cheap_jit
     def kls(natural, other):
         return kl(natural, other), _kl_oracle(case), kl(natural, natural)
 
@@ -454,7 +455,7 @@ def test_log_density_matches_numpyro(case, rng_key):
     """<λ, T(x)> + log h(x) - A(λ) is numpyro's ``log_prob`` at random points."""
     family, d = case.family, case.numpyro_dist
 
-    @jax.jit
+    @cheap_jit
     def log_densities(natural, x):
         stats = jax.vmap(lambda xi: _stats(family, xi, natural))(x)
         inner = jax.vmap(lambda t: family_inner(family, natural, t))(stats)
@@ -475,7 +476,7 @@ def test_samples_match_mean_params_and_numpyro_log_density(case):
     family, d = case.family, case.numpyro_dist
     natural = _natural(case)
 
-    @jax.jit
+    @cheap_jit
     def check(x):
         stats = jax.vmap(lambda xi: _stats(family, xi, natural))(x)
         summaries = jax.tree.map(lambda t: (t.mean(0), t.std(0)), stats)
@@ -502,7 +503,7 @@ def test_samples_match_mean_params_and_numpyro_log_density(case):
 def test_to_numpyro_mean_and_variance(case):
     family, d = case.family, case.numpyro_dist
 
-    @jax.jit
+    @cheap_jit
     def moments(natural):
         q = family.to_numpyro(natural)
         return q.mean, q.variance, d.mean, d.variance, family.mean_params(natural)
@@ -550,7 +551,7 @@ def _invalidate(family, natural):
 def test_is_valid_flags_invalid_natural_params_under_jit(case):
     family = case.family
     natural = _natural(case)
-    is_valid = jax.jit(family.is_valid)
+    is_valid = cheap_jit(family.is_valid)
     valid = is_valid(natural)
     assert valid.shape == family.batch_shape(natural)
     assert valid.dtype == jnp.bool_
@@ -574,11 +575,11 @@ def test_jit_and_vmap_agree_with_eager(case):
             family.is_valid(n),
         )
 
-    jitted = jax.jit(summary)(natural)
+    jitted = cheap_jit(summary)(natural)
     eager = (family.log_normalizer(natural), family.mean_params(natural))
     _assert_tree_close(jitted[:2], eager, rtol=1e-12, atol=1e-14)
     stacked = jax.tree.map(lambda a: jnp.stack([a, a]), natural)
-    mapped = jax.jit(jax.vmap(summary))(stacked)
+    mapped = cheap_jit(jax.vmap(summary))(stacked)
     _assert_tree_close(
         jax.tree.map(lambda a: a[1], mapped), jitted, rtol=1e-12, atol=1e-14
     )
@@ -590,7 +591,7 @@ def test_float32_inputs_stay_float32(case):
     """Float32 parameters in the x64 session are never promoted (no config toggle)."""
     family = case.family
 
-    @jax.jit
+    @cheap_jit
     def outputs(natural):
         mean = family.mean_params(natural)
         return (

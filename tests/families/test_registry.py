@@ -1,6 +1,5 @@
 """Family names, default q families of numpyro priors, and prior natural parameters."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
@@ -19,6 +18,7 @@ from blrppl.families import (
     get_family,
     prior_natural,
 )
+from tests.compiles import cheap_jit
 
 DEFAULT_FAMILY_CASES = [
     (dist.Normal(0.0, 1.0), "Normal"),
@@ -111,7 +111,7 @@ def test_normal_to_event_prior_in_the_multivariate_family_is_diagonal():
     precision = -2.0 * natural.xxT[0]
     np.testing.assert_allclose(precision, jnp.diag(jnp.array([1.0, 0.25, 0.0625])))
 
-    @jax.jit
+    @cheap_jit
     def log_probs(natural):
         q = MULTIVARIATE_NORMAL.to_numpyro(natural)
         return q.log_prob(jnp.ones(3)), d.log_prob(jnp.ones(3))

@@ -18,6 +18,7 @@ from blrppl.symbolic.compiled import Analysis, StatTerm
 from blrppl.symbolic.expectation import VarInfo, expected_value
 from blrppl.symbolic.statistics import statistic_name
 from blrppl.symbolic.terms import Operand
+from tests.compiles import cheap_jit
 
 from ._helpers import gamma, gaussian
 
@@ -74,7 +75,7 @@ def test_leaves_are_the_data_and_the_structure_is_static():
 def test_jit_with_the_analysis_as_argument_equals_eager(case):
     analysis = CASES[case](0)
     eager_value, eager_grads = jax.value_and_grad(lambda m: expected_value(analysis, m))(_MEAN)
-    jitted_value, jitted_grads = jax.jit(jax.value_and_grad(expected_value, argnums=1))(analysis, _MEAN)
+    jitted_value, jitted_grads = cheap_jit(jax.value_and_grad(expected_value, argnums=1))(analysis, _MEAN)
     np.testing.assert_allclose(jitted_value, eager_value, rtol=1e-12, atol=1e-12)
     for a, e in zip(jax.tree.leaves(jitted_grads), jax.tree.leaves(eager_grads)):
         np.testing.assert_allclose(a, e, rtol=1e-12, atol=1e-12)
@@ -85,7 +86,7 @@ def test_jit_of_a_per_observation_analysis_with_a_minibatch():
     assert analysis.obs_label is not None and analysis.obs_size == 50
     batch = jnp.array([3, 7, 7, 41])
     eager = expected_value(analysis, _MEAN, batch)
-    jitted = jax.jit(expected_value)(analysis, _MEAN, batch)
+    jitted = cheap_jit(expected_value)(analysis, _MEAN, batch)
     np.testing.assert_allclose(jitted, eager, rtol=1e-12, atol=1e-12)
 
 
@@ -95,7 +96,7 @@ def test_two_data_sets_of_one_shape_share_one_trace(case):
     assert jax.tree.structure(first) == jax.tree.structure(second)
     num_traces = 0
 
-    @jax.jit
+    @cheap_jit
     def evaluate(analysis, mean):
         nonlocal num_traces
         num_traces += 1
