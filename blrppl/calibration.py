@@ -24,14 +24,19 @@ class Calibration(NamedTuple):
     """Ranks of the true parameters among draws from q, one per simulated data set.
 
     Attributes:
-      ranks: site -> integer ranks in ``0..num_draws``, shape ``(B, *site_shape)``.
+      ranks: site -> integer ranks in ``0..num_draws``, shape ``(B - len(failed), *site_shape)``.
       num_draws: draws from q per data set.
       batch: the fits (a :class:`~blrppl.results.BatchResult`).
+      failed: the data sets whose fit failed (diverged, or an improper posterior:
+        ``batch.failed``), left out of ``ranks``: their q is no answer to rank
+        against. Many of them say the engine breaks on this model's prior
+        predictive, which the ranks of the others cannot show.
     """
 
     ranks: dict
     num_draws: int
     batch: Any
+    failed: tuple = ()
 
     def chi_square(self, num_bins: int = 10) -> dict:
         """Per site: the p-value of a chi-square test that the ranks are uniform.
@@ -123,13 +128,20 @@ def simulation_based_calibration(
     batched_kwargs.update({name: np.asarray(prior[name]) for name in observed})
     batch = engine.run_batched(fit_key, num_steps, *batched_args, tol=tol, **batched_kwargs)
     latents = [s for s in batch[0].plan.graph.variables if s in prior]
+    failed = tuple(int(i) for i in np.flatnonzero(batch.failed))
+    if len(failed) == num_datasets:
+        raise ModelError(
+            f"every one of the {num_datasets} fits failed; the first says: {batch[0].flags[0]}"
+        )
     ranks = {site: [] for site in latents}
     for i, result in enumerate(batch):
+        if i in failed:
+            continue
         draws = result.sample(jax.random.fold_in(draw_key, i), num_draws)
         for site in latents:
             truth = jnp.asarray(prior[site][i])
             ranks[site].append(np.asarray(jnp.sum(draws[site] < truth, axis=0)))
-    return Calibration({s: np.stack(r) for s, r in ranks.items()}, num_draws, batch)
+    return Calibration({s: np.stack(r) for s, r in ranks.items()}, num_draws, batch, failed)
 
 
 def _broadcast(value: Any, size: int) -> Any:

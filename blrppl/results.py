@@ -13,7 +13,7 @@ import numpyro.distributions as dist
 from blrppl.blr.state import BLRState
 from blrppl.compile_mode import full_precision, to_device
 from blrppl.graph.replay import split_latents
-from blrppl.posterior import block_marginals, posterior_distributions, q_distribution
+from blrppl.posterior import posterior_distributions
 
 
 class Restarts(NamedTuple):
@@ -345,12 +345,22 @@ class BatchResult(NamedTuple):
       elbo: the ELBO traces, shape ``(B, steps)`` (NaN after a fit stopped).
       num_steps: the steps each fit ran, shape ``(B,)``.
       stopped: whether ``tol`` stopped each fit, shape ``(B,)``.
+      failed: whether each fit failed, shape ``(B,)``: it diverged or its
+        posterior is improper, which a single ``run`` raises as a
+        ``ModelError``; here the other data sets' fits stand, and the failed
+        one's ``flags`` say what went wrong. Never read a failed fit's q.
     """
 
     results: tuple
     elbo: jax.Array
     num_steps: Any
     stopped: Any
+    failed: Any = None
+
+    @property
+    def flagged(self) -> tuple[int, ...]:
+        """The data sets whose fit carries a flag (failed, or doubtful: see each result's ``flags``)."""
+        return tuple(i for i, result in enumerate(self.results) if result.flags)
 
     def __len__(self) -> int:
         return len(self.results)

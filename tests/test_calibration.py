@@ -80,3 +80,54 @@ def test_the_chi_square_test_detects_miscalibration():
     uniform = rng.integers(0, 100, 200)
     p = Calibration({"narrow": too_narrow, "fine": uniform}, 99, None).chi_square()
     assert p["narrow"] < 1e-10 and p["fine"] > 0.01
+
+
+def halfnormal_scale(y=None):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    with numpyro.plate("N", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu, sigma), obs=y)
+
+
+def test_a_failed_data_set_is_flagged_and_the_others_stand(rng_key):
+    """A single run raises on identical observations under a HalfNormal scale (an improper
+    posterior); in a batch only that member fails, flagged, and the others equal their own runs."""
+    ys = np.random.default_rng(0).normal(2.0, 1.0, (3, 10))
+    ys[1] = 2.0
+    engine = blrppl.NonConjugateVI(halfnormal_scale)
+    with pytest.raises(blrppl.ModelError, match="site 'sigma'.*improper"):
+        engine.run(jax.random.fold_in(rng_key, 1), 200, y=jnp.asarray(ys[1]), progress_bar=False)
+    batch = engine.run_batched(rng_key, 200, y=ys)
+    assert batch.failed.tolist() == [False, True, False] and batch.flagged == (1,)
+    assert "failed" in batch[1].flags[0] and "site 'sigma'" in batch[1].flags[0] and "improper" in batch[1].flags[0]
+    alone = engine.run(rng_key, 200, y=jnp.asarray(ys[0]), progress_bar=False)
+    np.testing.assert_allclose(batch[0].elbo, alone.elbo, rtol=1e-10)
+    assert batch[0].flags == alone.flags == ()
+
+
+def test_a_batched_member_carries_the_flags_of_its_own_run(rng_key):
+    """EM on eight schools with tau a parameter: its MLE is on the boundary (tau = 0) for the
+    original data, interior for three times the data (tests/engines/test_em_joint.py)."""
+    from tests.engines.test_em_joint import Y, eight_schools
+
+    engine = blrppl.EM(eight_schools)
+    batch = engine.run_batched(rng_key, 200, y=np.stack([Y, 3.0 * Y]), tol=1e-13)
+    assert not batch.failed.any() and batch.flagged == (0,)
+    alone = engine.run(rng_key, 200, y=jnp.asarray(Y), progress_bar=False, tol=1e-13)
+    assert batch[0].flags == alone.flags and "'tau'" in alone.flags[0] and "boundary" in alone.flags[0]
+
+
+def test_calibration_leaves_failed_fits_out_of_the_ranks(rng_key, monkeypatch):
+    engine = blrppl.ConjugateBayes(normal_known_variance)
+    checks = engine.batch_member_flags
+    calls = []
+
+    def second_fails(*args, **kwargs):  # as if the second data set's fit had diverged
+        calls.append(None)
+        flags, failed = checks(*args, **kwargs)
+        return (("this data set's fit failed: ...",), True) if len(calls) == 2 else (flags, failed)
+
+    monkeypatch.setattr(engine, "batch_member_flags", second_fails)
+    calibration = simulation_based_calibration(engine, rng_key, 6, observed=("y",), num_steps=5, num_obs=10)
+    assert calibration.failed == (1,) and calibration.ranks["mu"].shape[0] == 5
+    assert calibration.batch.failed.tolist() == [False, True, False, False, False, False]

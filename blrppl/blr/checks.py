@@ -229,6 +229,22 @@ def runaway_sites(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> list[str
     return found
 
 
+def sound_members(qs: Mapping[str, Any], natural: Mapping[str, Any], last_elbo: np.ndarray) -> np.ndarray:
+    """Per member of a batch of fits (λ and final ELBOs with a leading axis B, on the host):
+    whether its q is finite with no Gaussian q collapsed and its final ELBO finite and at most
+    1e30, so that :func:`improper_posterior_error` cannot fail it (the others are checked one by one)."""
+    size = len(last_elbo)
+    sound = np.isfinite(last_elbo) & (last_elbo <= 1e30)
+    for v, q in qs.items():
+        for leaf in jax.tree.leaves(natural[v]):
+            sound &= np.isfinite(np.reshape(leaf, (size, -1))).all(1)
+        if q.family.gaussian and not q.family.chain:
+            lam = natural[v]
+            precision = -2.0 * (lam.x_sq if hasattr(lam, "x_sq") else np.diagonal(lam.xxT, axis1=-2, axis2=-1))
+            sound &= (np.reshape(precision, (size, -1)) <= COLLAPSED_PRECISION).all(1)
+    return sound
+
+
 def collapsed_sites(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> list[str]:
     """Gaussian variables whose q collapsed (precision overflowing or not finite), scales first."""
     found = []

@@ -93,9 +93,12 @@ class Engine:
             self._algorithms[key] = algorithm
         return algorithm
 
-    def _flags(self, plan: Plan, state: Any, elbo: jax.Array, stopped: bool, noisy: bool = False) -> tuple[str, ...]:
+    def _flags(
+        self, plan: Plan, state: Any, elbo: jax.Array, stopped: bool, noisy: bool = False, natural: Any = None
+    ) -> tuple[str, ...]:
         """Doubts about a finished fit (see :mod:`blrppl.blr.checks`); ``noisy``: Monte Carlo site
-        parameters, whose ELBO trace may fall and rise with the draws."""
+        parameters, whose ELBO trace may fall and rise with the draws; ``natural``: the state's
+        λ already on the host, if at hand."""
         if not len(elbo):
             return ()
         if plan.init_params:
@@ -103,8 +106,25 @@ class Engine:
             if boundary:
                 return boundary
         deterministic = not noisy and plan.subsample is None
-        fell = fell_from_best(plan.qs, state.natural, elbo) if deterministic else ()
+        fell = fell_from_best(plan.qs, state.natural if natural is None else natural, elbo) if deterministic else ()
         return fell or steady_climb(elbo, stopped)
+
+    def batch_member_flags(
+        self, plan: Plan, state: Any, elbo: np.ndarray, stopped: bool, noisy: bool, natural: Any = None
+    ) -> tuple[tuple[str, ...], bool]:
+        """``(flags, failed)`` for one data set of a batched fit (:mod:`blrppl.engines.batch`).
+
+        What :meth:`fit` raises for a single data set (a divergence, an improper
+        posterior: :func:`check_finite`) fails only that member here: its
+        result carries the error's message as a flag, and ``failed`` is True.
+        ``natural``: the member's λ on the host, where its fit may have failed;
+        None where it cannot have (:func:`blrppl.blr.checks.sound_members`).
+        """
+        if natural is not None:
+            error = improper_posterior_error(plan.qs, natural, elbo)
+            if error is not None:
+                return (f"this data set's fit failed: {error}",), True
+        return self._flags(plan, state, elbo, stopped, noisy, natural), False
 
     @full_precision
     def run(

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from blrppl.blr import driver
+from blrppl.blr.checks import sound_members
 from blrppl.blr.restarts import restart_keys
 from blrppl.errors import ModelError
 from blrppl.graph.data import split_model_data
@@ -102,19 +103,21 @@ def run_batched(
     keys = restart_keys(rng_key, size)
     results: list = [None] * size
     elbo = np.full((size, 0), np.nan)
-    num_run, stopped = np.zeros(size, int), np.zeros(size, bool)
+    num_run, stopped, failed = np.zeros(size, int), np.zeros(size, bool), np.zeros(size, bool)
     for members in groups.values():
         arrays = stacked if tuple(members) == fast else None
         fits = _run_group(
             engine, [plans[i] for i in members], keys[np.asarray(members)], num_steps, tol, progress_bar, arrays
         )
-        for i, (result, trace, steps, stop) in zip(members, fits):
+        for i, (result, trace, steps, stop, fail) in zip(members, fits):
             results[i] = result
             if trace.shape[0] > elbo.shape[1]:
                 elbo = np.pad(elbo, ((0, 0), (0, trace.shape[0] - elbo.shape[1])), constant_values=np.nan)
             elbo[i, : trace.shape[0]] = trace
-            num_run[i], stopped[i] = steps, stop
-    return BatchResult(results=tuple(results), elbo=jnp.asarray(elbo), num_steps=num_run, stopped=stopped)
+            num_run[i], stopped[i], failed[i] = steps, stop, fail
+    return BatchResult(
+        results=tuple(results), elbo=jnp.asarray(elbo), num_steps=num_run, stopped=stopped, failed=failed
+    )
 
 
 def _run_group(engine, plans, keys, num_steps, tol, progress_bar, arrays=None) -> list:
@@ -139,16 +142,23 @@ def _run_group(engine, plans, keys, num_steps, tol, progress_bar, arrays=None) -
     out = []
     num_run, stopped = np.asarray(num_run), np.asarray(stopped)
     elbo = np.asarray(elbo)  # read once: per-data-set slices of device arrays would each dispatch (and compile)
+    natural = jax.device_get(states.natural)  # every member's λ for the checks, in one transfer
+    last = np.where(num_run > 0, elbo[np.arange(len(plans)), np.maximum(num_run - 1, 0)], np.nan)
+    sound = sound_members(first.qs, natural, last)
     for i, plan in enumerate(plans):
         n = int(num_run[i])
+        state = _row(states, i)
+        member = None if sound[i] else jax.tree.map(lambda a, i=i: a[i], natural)  # may have failed: checked
+        flags, failed = engine.batch_member_flags(plan, state, elbo[i, :n], bool(stopped[i]), algorithm.noisy, member)
         result = BLRResult(
             plan=plan,
-            state=_row(states, i),
+            state=state,
             elbo=elbo[i, :n],
             mode=engine.mode,
             convergence=Convergence.of(bool(stopped[i]), tol, n, algorithm.noisy, algorithm.exact, elbo.dtype),
+            flags=flags,
         )
-        out.append((result, elbo[i], n, bool(stopped[i])))
+        out.append((result, elbo[i], n, bool(stopped[i]), failed))
     return out
 
 
