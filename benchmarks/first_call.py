@@ -41,7 +41,7 @@ import blrppl  # noqa: E402
 from benchmarks._timing import table  # noqa: E402
 from blrppl.blr import driver  # noqa: E402
 from blrppl.blr.starts import start_tests  # noqa: E402
-from blrppl.engines.base import default_restarts  # noqa: E402
+from blrppl.blr.restarts import default_restarts  # noqa: E402
 from models import ZOO  # noqa: E402
 
 ENGINES = {

@@ -218,7 +218,7 @@ def _list(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     """The command line (``python -m blrppl --help``)."""
     from blrppl.choosing import ENGINES
-    from blrppl.engines.base import DEFAULT_RESTARTS
+    from blrppl.blr.restarts import DEFAULT_RESTARTS
 
     main_parser = argparse.ArgumentParser(prog="python -m blrppl", description=__doc__.splitlines()[0])
     commands = main_parser.add_subparsers(dest="command")

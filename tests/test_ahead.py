@@ -163,8 +163,10 @@ def test_compiling_ahead_adds_no_compilation(model, engine_name, y, rng_key, mon
     assert counts(True) == counts(False)
 
 
-def test_batched_fits_compile_their_loop_beside_their_starts(rng_key, monkeypatch):
+@pytest.mark.parametrize("restarts", [None, 3])
+def test_batched_fits_compile_their_loop_beside_their_starts(rng_key, monkeypatch, restarts):
     ys = jnp.stack([_y(19, seed) for seed in range(4)])
+    start = "jit(_init_many)" if restarts is None else "jit(_init_batched_restarts)"
 
     def counts(ahead_on: bool) -> dict:
         def model(y):  # a fresh model: fresh programs
@@ -179,15 +181,15 @@ def test_batched_fits_compile_their_loop_beside_their_starts(rng_key, monkeypatc
 
         monkeypatch.setattr(driver, "compile_side_by_side", spy if ahead_on else lambda *a: None)
         with compilations() as messages:
-            batch = blrppl.VMP(model).run_batched(rng_key, 80, ys, tol=1e-8)
+            batch = blrppl.VMP(model).run_batched(rng_key, 80, ys, tol=1e-8, num_restarts=restarts)
         monkeypatch.undo()
         names = compiled_names(messages)
         if ahead_on:  # both programs compiled inside compile_side_by_side
-            assert sorted(compiled_names(ahead_of_time)) == ["jit(_init_many)", "jit(_run_chunks)"]
-        return {n: names.count(n) for n in ("jit(_init_many)", "jit(_run_chunks)")}, batch
+            assert sorted(compiled_names(ahead_of_time)) == sorted([start, "jit(_run_chunks)"])
+        return {n: names.count(n) for n in (start, "jit(_run_chunks)")}, batch
 
     (with_ahead, batch), (without, plain) = counts(True), counts(False)
-    assert with_ahead == without == {"jit(_init_many)": 1, "jit(_run_chunks)": 1}
+    assert with_ahead == without == {start: 1, "jit(_run_chunks)": 1}
     np.testing.assert_array_equal(np.asarray(batch.elbo), np.asarray(plain.elbo))
 
 

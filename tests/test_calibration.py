@@ -131,3 +131,30 @@ def test_calibration_leaves_failed_fits_out_of_the_ranks(rng_key, monkeypatch):
     calibration = simulation_based_calibration(engine, rng_key, 6, observed=("y",), num_steps=5, num_obs=10)
     assert calibration.failed == (1,) and calibration.ranks["mu"].shape[0] == 5
     assert calibration.batch.failed.tolist() == [False, True, False, False, False, False]
+
+
+def two_clusters(y=None):
+    weights = numpyro.sample("weights", dist.Dirichlet(jnp.ones(2)))
+    with numpyro.plate("K", 2):
+        locs = numpyro.sample("locs", dist.Normal(0.0, 5.0))
+    with numpyro.plate("N", y.shape[0]):
+        z = numpyro.sample("z", dist.Categorical(weights))
+        numpyro.sample("y", dist.Normal(locs[z], 1.0), obs=y)
+
+
+def test_batched_data_sets_restart_as_their_own_runs(rng_key):
+    """A mixture restarts by default (discrete latents): each data set's restarts in the batch are
+    its own run's (same starts and keys), and so are the best restart and the flags."""
+    rng = np.random.default_rng(3)
+    ys = np.stack([np.concatenate([rng.normal(-2.0, 1.0, 12), rng.normal(2.5, 1.0, 12)]) for _ in range(3)])
+    engine = blrppl.VMP(two_clusters)
+    batch = engine.run_batched(rng_key, 100, y=ys, tol=1e-8)
+    for i in (0, 2):
+        alone = engine.run(jax.random.fold_in(rng_key, i) if i else rng_key, 100, y=ys[i], tol=1e-8, progress_bar=False)
+        assert batch[i].num_restarts == alone.num_restarts == blrppl.engines.base.default_restarts(alone.plan) > 1
+        assert batch[i].restarts.best == alone.restarts.best and batch[i].flags == alone.flags
+        np.testing.assert_allclose(batch[i].restarts.elbo, alone.restarts.elbo, rtol=1e-9)
+        np.testing.assert_allclose(batch[i].elbo, alone.elbo, rtol=1e-9)
+        np.testing.assert_allclose(batch.elbo[i, : len(alone.elbo)], alone.elbo, rtol=1e-9)
+    with pytest.raises(ValueError, match="num_restarts must be a positive integer"):
+        engine.run_batched(rng_key, 100, y=ys, num_restarts=0)

@@ -416,6 +416,51 @@ def _init_many(algorithm, rng_keys, arrays, batched_data):
     return _over_restarts(algorithm, algorithm.init, (0, 0 if batched_data else None), rng_keys, arrays)
 
 
+def init_batched_restarts(
+    algorithm: InferenceAlgorithm, random_algorithm: InferenceAlgorithm, rng_keys: jax.Array, num_restarts: int,
+    arrays: Any, loop: Optional[tuple[int, Optional[float]]] = None,
+) -> BLRState:
+    """:func:`init_with_restarts` for every data set of a batch, in one compiled call.
+
+    Data set b (key ``rng_keys[b]``, every leaf of ``arrays`` with the leading
+    axis B) gets the C starts that ``run`` with ``num_restarts=C`` makes for it
+    alone; the states are stacked data set by data set (row ``b * C + c``: data
+    set b, restart c), for :func:`run_restarts` with ``batched_data`` over
+    ``repeat_rows(arrays, C)``. ``loop``: as :func:`init_restarts`.
+    """
+    init_args = (algorithm, random_algorithm, num_restarts, rng_keys, arrays)
+    started = None
+    if loop is not None:
+        threshold, buffer, previous, hits = _restart_loop_inputs(int(jnp.shape(rng_keys)[0]) * num_restarts, *loop)
+
+        def chunk_args(states):
+            zero = np.asarray(0, np.int32)
+            tiled = jax.eval_shape(functools.partial(_repeat_rows, times=num_restarts), arrays)  # weak types kept
+            return algorithm, tiled, states, buffer, zero, zero, previous, hits, threshold, True
+
+        started = compile_side_by_side(_init_batched_restarts, init_args, _run_chunks, chunk_args)
+    return started if started is not None else _init_batched_restarts(*init_args)
+
+
+@size_dependent_jit(data_argnum=4, static_argnums=(0, 1, 2), one_shot=True)
+def _init_batched_restarts(algorithm, random_algorithm, num_restarts, rng_keys, arrays):
+    def starts(key, data):
+        return _init_with_restarts.__wrapped__(algorithm, random_algorithm, (), num_restarts, key, data)[0]
+
+    states = _over_restarts(algorithm, starts, (0, 0), rng_keys, arrays)
+    return jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), states)
+
+
+def repeat_rows(arrays: Any, times: int) -> Any:
+    """Every leaf's rows repeated ``times`` times in place (row b -> rows b*times .. b*times+times-1)."""
+    return _repeat_rows(arrays, times)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _repeat_rows(arrays: Any, times: int) -> Any:
+    return jax.tree.map(lambda a: jnp.repeat(a, times, axis=0), arrays)
+
+
 def run_restarts(
     algorithm: InferenceAlgorithm,
     num_steps: int,

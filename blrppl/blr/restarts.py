@@ -96,3 +96,26 @@ def best_restart(states: Any, elbo: jax.Array, num_run: list[int]) -> tuple[int,
         return -1, finite
     finals = np.asarray([elbo[c, n - 1] if ok else -np.inf for c, (n, ok) in enumerate(zip(num_run, finite))])
     return int(np.argmax(finals)), finite
+
+
+DEFAULT_RESTARTS = 4
+"""Restarts by default for models with discrete latents (mixtures, HMMs): one vmapped run."""
+
+
+def default_restarts(plan: Any) -> int:
+    """``DEFAULT_RESTARTS`` where the posterior is typically multimodal (discrete latents), else 1."""
+    multimodal = any(q.family.index_valued or q.family.kind == "bernoulli" for q in plan.qs.values())
+    return DEFAULT_RESTARTS if multimodal and plan.subsample is None else 1
+
+
+def disagreement(elbo: jax.Array, num_run: list[int], finite: list[bool], slack: float = 1.0) -> tuple[str, ...]:
+    """A flag when the finite restarts ended more than ``slack`` nats apart (several optima)."""
+    elbo = np.asarray(elbo)  # read once on the host
+    finals = [float(elbo[c, n - 1]) for c, (n, ok) in enumerate(zip(num_run, finite)) if ok]
+    if len(finals) < 2 or max(finals) - min(finals) <= slack * (1.0 + 1e-6 * abs(max(finals))):
+        return ()
+    ends = ", ".join(f"{f:.6g}" for f in sorted(finals, reverse=True))
+    return (
+        f"restarts ended in different optima (final ELBOs {ends}): the posterior is multimodal or some runs "
+        "had not converged; the best is reported; run longer or with more restarts (num_restarts=...) to be sure",
+    )

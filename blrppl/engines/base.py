@@ -22,7 +22,7 @@ from blrppl.blr.checks import boundary_estimates, fell_from_best, improper_poste
 from blrppl.blr.config import Config
 from blrppl.blr.plan import Plan, make_plan
 from blrppl.blr.replan import Replanner, record_plan
-from blrppl.blr.restarts import best_restart
+from blrppl.blr.restarts import best_restart, default_restarts, disagreement
 from blrppl.blr.starts import raise_invalid_start, start_tests
 from blrppl.blr.state import InferenceAlgorithm
 from blrppl.compile_mode import full_precision, to_device
@@ -220,22 +220,41 @@ class Engine:
         states, elbo, num_run, stopped = driver.run_restarts(
             algorithm, num_steps, plan.arrays, init_state, tol=tol, progress_bar=progress_bar
         )
-        num_run = np.asarray(num_run).tolist()  # one read (iterating a device array compiles an unstack)
-        best, finite = best_restart(states, elbo, num_run)
-        if best < 0:  # every restart diverged: say why, for the first
+        result = self.best_of_restarts(plan, states, np.asarray(elbo), np.asarray(num_run), np.asarray(stopped), tol)
+        if result is None:  # every restart diverged: say why, for the first
+            num_run = np.asarray(num_run)
             check_finite(plan, jax.tree.map(lambda a: a[0], states), elbo[0, : num_run[0]])
             raise ModelError(f"site {next(iter(plan.qs))!r}: every restart diverged; check the model and data.")
+        return result
+
+    def best_of_restarts(
+        self, plan: Plan, states: Any, elbo: np.ndarray, num_run: np.ndarray, stopped: np.ndarray,
+        tol: Optional[float], checks: Optional[Callable] = None,
+    ) -> Optional[BLRResult]:
+        """The result of a fit with restarts (C stacked final states, their ELBO traces, steps
+        and stops, on the host): the best restart's, with every restart in ``restarts``; None
+        where every restart diverged. ``checks``: ``(index, state, elbo, stopped) -> flags`` of
+        the best restart (default: :meth:`_flags`)."""
+        algorithm = self.build(plan)
+        num_run = num_run.tolist()  # one read (iterating a device array compiles an unstack)
+        best, finite = best_restart(states, elbo, num_run)
+        if best < 0:
+            return None
         state = driver.take(states, best)
         restarts = Restarts(
-            state=states, elbo=elbo, num_steps=to_device(np.asarray(num_run)), best=best, finite=to_device(np.asarray(finite))
+            state=states, elbo=to_device(elbo), num_steps=to_device(np.asarray(num_run)), best=best,
+            finite=to_device(np.asarray(finite)),
         )
-        best_stopped = bool(np.asarray(stopped)[best])
-        best_elbo = to_device(np.asarray(elbo)[best, : num_run[best]])  # cut on the host: nothing compiles
+        best_stopped = bool(stopped[best])
+        best_elbo = to_device(elbo[best, : num_run[best]])  # cut on the host: nothing compiles
         convergence = Convergence.of(best_stopped, tol, num_run[best], algorithm.noisy, algorithm.exact, best_elbo.dtype)
-        flags = self._flags(plan, state, best_elbo, best_stopped, algorithm.noisy) + disagreement(elbo, num_run, finite)
+        if checks is None:
+            flags = self._flags(plan, state, best_elbo, best_stopped, algorithm.noisy)
+        else:
+            flags = checks(best, state, elbo[best, : num_run[best]], best_stopped)
         return BLRResult(
-            plan=plan, state=state, elbo=best_elbo, mode=self.mode, restarts=restarts,
-            convergence=convergence, flags=flags,
+            plan=plan, state=state, elbo=best_elbo, mode=self.mode, restarts=restarts, convergence=convergence,
+            flags=flags + disagreement(elbo, num_run, finite),
         )
 
     @full_precision
@@ -246,19 +265,25 @@ class Engine:
         *model_args: Any,
         tol: Optional[float] = None,
         progress_bar: bool = False,
+        num_restarts: Optional[int] = None,
         **model_kwargs: Any,
     ) -> BatchResult:
         """Fit B data sets in one compiled, vmapped run (see :mod:`blrppl.engines.batch`).
 
         Every array argument carries a leading axis B (broadcast shared arrays);
         data set i runs with key ``fold_in(rng_key, i)`` (data set 0 with
-        ``rng_key``) from one start, and stops on its own with ``tol``.
+        ``rng_key``), from ``num_restarts`` starts as :meth:`run` (None: its
+        default, ``DEFAULT_RESTARTS`` for discrete latents, else 1), and stops
+        on its own with ``tol``: ``result[i]`` equals ``run`` on data set i.
 
         Returns:
           A :class:`~blrppl.results.BatchResult`: ``result[i]`` is data set i's
           :class:`~blrppl.results.BLRResult`.
         """
-        return run_batched(self, rng_key, num_steps, model_args, model_kwargs, tol=tol, progress_bar=progress_bar)
+        return run_batched(
+            self, rng_key, num_steps, model_args, model_kwargs, tol=tol, progress_bar=progress_bar,
+            num_restarts=num_restarts,
+        )
 
     def load(self, path: Any, *model_args: Any, **model_kwargs: Any) -> BLRResult:
         """A result saved with ``result.save(path)``, for this engine, model and data.
@@ -272,29 +297,6 @@ class Engine:
     def guide(self, result: BLRResult) -> Callable:
         """A NumPyro guide that samples from the fitted q (for ``Predictive``)."""
         return result.guide()
-
-
-DEFAULT_RESTARTS = 4
-"""Restarts by default for models with discrete latents (mixtures, HMMs): one vmapped run."""
-
-
-def default_restarts(plan: Plan) -> int:
-    """``DEFAULT_RESTARTS`` where the posterior is typically multimodal (discrete latents), else 1."""
-    multimodal = any(q.family.index_valued or q.family.kind == "bernoulli" for q in plan.qs.values())
-    return DEFAULT_RESTARTS if multimodal and plan.subsample is None else 1
-
-
-def disagreement(elbo: jax.Array, num_run: list[int], finite: list[bool], slack: float = 1.0) -> tuple[str, ...]:
-    """A flag when the finite restarts ended more than ``slack`` nats apart (several optima)."""
-    elbo = np.asarray(elbo)  # read once on the host
-    finals = [float(elbo[c, n - 1]) for c, (n, ok) in enumerate(zip(num_run, finite)) if ok]
-    if len(finals) < 2 or max(finals) - min(finals) <= slack * (1.0 + 1e-6 * abs(max(finals))):
-        return ()
-    ends = ", ".join(f"{f:.6g}" for f in sorted(finals, reverse=True))
-    return (
-        f"restarts ended in different optima (final ELBOs {ends}): the posterior is multimodal or some runs "
-        "had not converged; the best is reported; run longer or with more restarts (num_restarts=...) to be sure",
-    )
 
 
 def check_finite(plan: Plan, state: Any, elbo: jax.Array) -> None:

@@ -9,20 +9,26 @@ planned on the host one by one. Data sets whose plans share one signature (the
 same structure, shapes and dtypes: usually all of them) have their arrays
 stacked, so one compiled loop, :func:`blrppl.blr.driver.run_restarts` with
 ``batched_data``, fits them all at once, each with its own q, random stream,
-ELBO trace and stopping step.
+ELBO trace and stopping step. Where ``run`` restarts (C starts: discrete
+latents by default), every data set's C starts are those of its own ``run``
+(:func:`blrppl.blr.driver.init_batched_restarts`) and the B x C fits share the
+loop (the data repeated C times); each result is its best restart's. Each
+member gets the checks of its own run; one whose fit fails is flagged
+(``BatchResult.failed``), not raised, so the others stand.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from blrppl.blr import driver
-from blrppl.blr.checks import sound_members
-from blrppl.blr.restarts import restart_keys
+from blrppl.blr.checks import improper_posterior_error, sound_members
+from blrppl.blr.restarts import default_restarts, restart_keys
 from blrppl.errors import ModelError
 from blrppl.graph.data import split_model_data
 from blrppl.results import BatchResult, BLRResult, Convergence
@@ -72,8 +78,12 @@ def run_batched(
     *,
     tol: Any = None,
     progress_bar: bool = False,
+    num_restarts: Optional[int] = None,
 ) -> BatchResult:
-    """Fit every data set of a batch with ``engine`` in one compiled, vmapped run."""
+    """Fit every data set of a batch with ``engine`` in one compiled, vmapped run (``num_restarts``:
+    as ``run``'s, each data set's restarts in the same run; None: ``run``'s default)."""
+    if num_restarts is not None and (int(num_restarts) != num_restarts or num_restarts < 1):
+        raise ValueError(f"num_restarts must be a positive integer, got {num_restarts}.")
     size = batch_size(model_args, model_kwargs)
     plans: list = [None] * size
     fast, stacked = (), None
@@ -106,9 +116,10 @@ def run_batched(
     num_run, stopped, failed = np.zeros(size, int), np.zeros(size, bool), np.zeros(size, bool)
     for members in groups.values():
         arrays = stacked if tuple(members) == fast else None
-        fits = _run_group(
-            engine, [plans[i] for i in members], keys[np.asarray(members)], num_steps, tol, progress_bar, arrays
-        )
+        group = [plans[i] for i in members]
+        restarts = default_restarts(group[0]) if num_restarts is None else int(num_restarts)
+        run_group = _run_group if restarts == 1 else functools.partial(_run_group_with_restarts, num_restarts=restarts)
+        fits = run_group(engine, group, keys[np.asarray(members)], num_steps, tol, progress_bar, arrays)
         for i, (result, trace, steps, stop, fail) in zip(members, fits):
             results[i] = result
             if trace.shape[0] > elbo.shape[1]:
@@ -120,8 +131,8 @@ def run_batched(
     )
 
 
-def _run_group(engine, plans, keys, num_steps, tol, progress_bar, arrays=None) -> list:
-    """Data sets whose plans share one signature: one compiled, vmapped run (``arrays``: already stacked)."""
+def _batchable(plans: list) -> None:
+    """Raise where the plans' data cannot be arguments of one batched program."""
     first = plans[0]
     if first.data_static or any(est.closed_data for est in first.estimators):
         raise ModelError(
@@ -132,8 +143,18 @@ def _run_group(engine, plans, keys, num_steps, tol, progress_bar, arrays=None) -
         raise ModelError(
             f"site {first.subsample.plate.name!r}: minibatch fits cannot be batched over data sets; fit them one by one."
         )
+
+
+def _stacked(plans: list, arrays: Any) -> Any:
     if arrays is None:
         arrays = jax.tree.map(lambda *leaves: jnp.stack([jnp.asarray(x) for x in leaves]), *[p.arrays for p in plans])
+    return arrays
+
+
+def _run_group(engine, plans, keys, num_steps, tol, progress_bar, arrays=None) -> list:
+    """Data sets whose plans share one signature: one compiled, vmapped run (``arrays``: already stacked)."""
+    _batchable(plans)
+    first, arrays = plans[0], _stacked(plans, arrays)
     algorithm = engine.build(first)
     states = driver.init_restarts(algorithm, keys, arrays, batched_data=True, loop=(num_steps, tol))
     states, elbo, num_run, stopped = driver.run_restarts(
@@ -160,6 +181,56 @@ def _run_group(engine, plans, keys, num_steps, tol, progress_bar, arrays=None) -
         )
         out.append((result, elbo[i], n, bool(stopped[i]), failed))
     return out
+
+
+def _run_group_with_restarts(engine, plans, keys, num_steps, tol, progress_bar, arrays=None, *, num_restarts) -> list:
+    """:func:`_run_group` with ``num_restarts`` restarts per data set, all in one vmapped run:
+    data set b's restarts are ``run``'s for it alone (same keys and starts), and its result is
+    the best of them, with every restart in ``restarts`` (as ``run`` with ``num_restarts``)."""
+    _batchable(plans)
+    first, arrays = plans[0], _stacked(plans, arrays)
+    algorithm, count = engine.build(first), num_restarts
+    states = driver.init_batched_restarts(
+        algorithm, engine.build(first, random_starts=True), keys, count, arrays, loop=(num_steps, tol)
+    )
+    states, elbo, num_run, stopped = driver.run_restarts(
+        algorithm, num_steps, driver.repeat_rows(arrays, count), states, tol=tol, progress_bar=progress_bar,
+        batched_data=True,
+    )
+    elbo, num_run, stopped = np.asarray(elbo), np.asarray(num_run), np.asarray(stopped)  # one read each
+    natural = jax.device_get(states.natural)
+    last = np.where(num_run > 0, elbo[np.arange(len(num_run)), np.maximum(num_run - 1, 0)], np.nan)
+    sound = sound_members(first.qs, natural, last)
+    out = []
+    for b, plan in enumerate(plans):
+        rows = slice(b * count, (b + 1) * count)
+        restarts = _rows(states, np.asarray(b * count, np.int32), count)
+        chosen = {}
+
+        def checks(index, state, trace, stop, rows=rows, chosen=chosen):
+            chosen["row"] = best = rows.start + index
+            member = None if sound[best] else jax.tree.map(lambda a: a[best], natural)
+            flags, chosen["failed"] = engine.batch_member_flags(plan, state, trace, stop, algorithm.noisy, member)
+            return flags
+
+        traces = elbo[rows, : int(num_run[rows].max())]  # as run's: up to the longest restart
+        result = engine.best_of_restarts(plan, restarts, traces, num_run[rows], stopped[rows], tol, checks)
+        if result is None:  # every restart diverged: the data set's fit failed
+            trace = elbo[rows.start, : num_run[rows.start]]
+            error = improper_posterior_error(plan.qs, jax.tree.map(lambda a: a[rows.start], natural), trace)
+            message = f"this data set's fit failed: every restart diverged; the first: {error}"
+            result = BLRResult(plan=plan, state=driver.take(restarts, 0), elbo=trace, mode=engine.mode, flags=(message,))
+            out.append((result, elbo[rows.start], int(num_run[rows.start]), bool(stopped[rows.start]), True))
+            continue
+        best = chosen["row"]
+        out.append((result, elbo[best], int(num_run[best]), bool(stopped[best]), chosen["failed"]))
+    return out
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _rows(tree: Any, start: jax.Array, count: int) -> Any:
+    """Rows ``start .. start + count - 1`` of every leaf: one compiled call per data set."""
+    return jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, start, count), tree)
 
 
 @jax.jit
