@@ -142,7 +142,7 @@ def two_clusters(y=None):
         numpyro.sample("y", dist.Normal(locs[z], 1.0), obs=y)
 
 
-def test_batched_data_sets_restart_as_their_own_runs(rng_key):
+def test_batched_data_sets_restart_as_their_own_runs(rng_key, monkeypatch):
     """A mixture restarts by default (discrete latents): each data set's restarts in the batch are
     its own run's (same starts and keys), and so are the best restart and the flags."""
     rng = np.random.default_rng(3)
@@ -158,3 +158,14 @@ def test_batched_data_sets_restart_as_their_own_runs(rng_key):
         np.testing.assert_allclose(batch.elbo[i, : len(alone.elbo)], alone.elbo, rtol=1e-9)
     with pytest.raises(ValueError, match="num_restarts must be a positive integer"):
         engine.run_batched(rng_key, 100, y=ys, num_restarts=0)
+    # A data set whose every restart diverged (a single run raises) fails alone.
+    best_of, calls = engine.best_of_restarts, []
+
+    def second_diverged(*args):
+        calls.append(None)
+        return None if len(calls) == 2 else best_of(*args)
+
+    monkeypatch.setattr(engine, "best_of_restarts", second_diverged)
+    again = engine.run_batched(rng_key, 100, y=ys, tol=1e-8)
+    assert again.failed.tolist() == [False, True, False] and "every restart diverged" in again[1].flags[0]
+    np.testing.assert_allclose(again[2].elbo, batch[2].elbo, rtol=1e-12)

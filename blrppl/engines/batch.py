@@ -218,7 +218,9 @@ def _run_group_with_restarts(engine, plans, keys, num_steps, tol, progress_bar, 
         if result is None:  # every restart diverged: the data set's fit failed
             trace = elbo[rows.start, : num_run[rows.start]]
             error = improper_posterior_error(plan.qs, jax.tree.map(lambda a: a[rows.start], natural), trace)
-            message = f"this data set's fit failed: every restart diverged; the first: {error}"
+            message = "this data set's fit failed: every restart diverged (q or its ELBO not finite)" + (
+                f"; the first: {error}" if error is not None else ""
+            )
             result = BLRResult(plan=plan, state=driver.take(restarts, 0), elbo=trace, mode=engine.mode, flags=(message,))
             out.append((result, elbo[rows.start], int(num_run[rows.start]), bool(stopped[rows.start]), True))
             continue
