@@ -116,7 +116,7 @@ def pointwise_log_likelihood(result: Any, latents: Mapping[str, Any], chunk_elem
 
         return jit_for(result.plan.arrays, run)
 
-    run = compiled_for(result.plan, ("log_likelihood", batch), build)
+    run = compiled_for(result.plan, ("log_likelihood", batch), build, by_signature=True)
     return run(dict(latents), dict(result.state.params), model_data(result.plan))
 
 

@@ -25,11 +25,16 @@ _COMPILED: OrderedDict = OrderedDict()
 _MAX_COMPILED = 16
 
 
-def compiled_for(plan: Any, key: Any, build: Callable[[], Callable]) -> Callable:
-    """``build()`` (a jitted function of ``plan``) once per plan and ``key``: repeated calls compile nothing."""
-    entry = (id(plan), key)
+def compiled_for(plan: Any, key: Any, build: Callable[[], Callable], *, by_signature: bool = False) -> Callable:
+    """``build()`` (a jitted function of ``plan``) once per plan and ``key``: repeated calls compile nothing.
+
+    ``by_signature``: once per plan signature and ``key``, shared by every plan of that
+    signature (a batch's data sets, refits on new data of the same shapes), for a ``build``
+    whose function reads only the plan's structure and takes its arrays as arguments.
+    """
+    entry = (plan.signature if by_signature else id(plan), key)
     hit = _COMPILED.get(entry)
-    if hit is not None and hit[0] is plan:
+    if hit is not None and (by_signature or hit[0] is plan):
         _COMPILED.move_to_end(entry)
         return hit[1]
     fn = build()
@@ -90,7 +95,7 @@ def compiled_family_draws(plan: Any, num_samples: int) -> Callable:
     rejection loop, a chain's backward pass) compiles once per fit.
     """
     build = lambda: jit_for(plan.arrays, lambda key, natural: family_draws(plan, natural, key, num_samples))  # noqa: E731
-    return compiled_for(plan, ("family_draws", num_samples), build)
+    return compiled_for(plan, ("family_draws", num_samples), build, by_signature=True)
 
 
 def draw(result: Any, rng_key: jax.Array, num_samples: int) -> Draws:
@@ -115,6 +120,6 @@ def draw(result: Any, rng_key: jax.Array, num_samples: int) -> Draws:
 
         return jit_for(plan.arrays, run)
 
-    run = compiled_for(plan, ("draw",), build)
+    run = compiled_for(plan, ("draw",), build, by_signature=True)
     family = compiled_family_draws(plan, num_samples)(rng_key, result.natural_params)
     return run(family, dict(result.state.params), model_data(plan))

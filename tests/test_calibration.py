@@ -169,3 +169,30 @@ def test_batched_data_sets_restart_as_their_own_runs(rng_key, monkeypatch):
     again = engine.run_batched(rng_key, 100, y=ys, tol=1e-8)
     assert again.failed.tolist() == [False, True, False] and "every restart diverged" in again[1].flags[0]
     np.testing.assert_allclose(again[2].elbo, batch[2].elbo, rtol=1e-12)
+
+
+def ridge_with_fit(X, *, y=None):
+    beta = numpyro.sample("beta", dist.Normal(jnp.zeros(X.shape[1]), 1.0).to_event(1))
+    numpyro.deterministic("fit", X @ beta)
+    with numpyro.plate("N", X.shape[0]):
+        numpyro.sample("y", dist.Normal(X @ beta, 0.5), obs=y)
+
+
+def test_the_data_sets_of_a_batch_share_their_compiled_draws(rng_key):
+    """Draws (and a deterministic site that reads the data) compile once for all data sets
+    of one plan signature, and equal draws compiled for the data set's own plan."""
+    import blrppl.draws
+    from tests.compiles import compilations
+
+    rng = np.random.default_rng(2)
+    Xs = rng.normal(size=(4, 12, 2))
+    ys = np.einsum("bnd,d->bn", Xs, [0.5, -1.0]) + 0.5 * rng.normal(size=(4, 12))
+    batch = blrppl.ConjugateBayes(ridge_with_fit).run_batched(rng_key, 5, Xs, y=ys)
+    batch[0].sample(jax.random.key(1), 50)
+    with compilations() as messages:
+        shared = batch[3].sample(jax.random.key(1), 50)
+    assert messages == []
+    blrppl.draws._COMPILED.clear()
+    own = batch[3].sample(jax.random.key(1), 50)  # compiled for data set 3's own plan
+    np.testing.assert_allclose(shared["fit"], own["fit"], rtol=1e-12)
+    np.testing.assert_allclose(shared["fit"], np.einsum("nd,sd->sn", Xs[3], shared["beta"]), rtol=1e-10)
