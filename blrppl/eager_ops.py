@@ -11,10 +11,13 @@ with ``FAST_CPU_OPTIONS`` it compiles in 10-25 ms.
 Inside :func:`cheap_eager_ops`, an eager primitive on a CPU whose operands
 hold at most ``CHEAP_OPERAND_BYTES`` runs as a program compiled with those
 settings, cached apart from JAX's own (so planning computes the same bits
-whichever programs the process compiled before). Larger operands, other
-devices, compile mode ``"optimized"``, ``jax.numpy`` functions that are
-jitted as a whole (``jnp.add``) and anything outside the context or inside a
-trace go through JAX's dispatch unchanged. Results agree with JAX's to the
+whichever programs the process compiled before). So does an eager call of a
+jitted function, such as the ``jax.numpy`` functions that are jitted as a
+whole (``jnp.add``, ``jnp.matmul``), unless it sets compiler options of its
+own; its program is kept out of jit's fast path, which would otherwise serve
+it to the user's own eager calls after planning. Larger operands, other
+devices, compile mode ``"optimized"`` and anything outside the context or
+inside a trace go through JAX's dispatch unchanged. Results agree with JAX's to the
 last bit or two (LLVM level 0 fuses no multiply-adds).
 """
 
@@ -81,6 +84,12 @@ def _install() -> None:
             return
         _ORIGINAL["callable"] = original
         dispatch.xla_primitive_callable = _routed(original)
+        from jax._src import pjit  # jax is pinned below 0.11
+
+        jitted = getattr(pjit, "_pjit_call_impl_python", None)
+        if callable(jitted):
+            _ORIGINAL["jitted"] = jitted
+            pjit._pjit_call_impl_python = _routed_jit(jitted)
 
 
 def _routed(original: Callable) -> Callable:
@@ -94,6 +103,28 @@ def _routed(original: Callable) -> Callable:
         return lambda *args: cheap(*args) if _small_on_cpu(args) else original(prim, **params)(*args)
 
     return xla_primitive_callable
+
+
+def _routed_jit(original: Callable) -> Callable:
+    """JAX's eager call of a jitted function (``jnp.add``, ``jnp.matmul``: jitted as a whole), compiled
+    with ``FAST_CPU_OPTIONS`` inside :func:`cheap_eager_ops` when its arguments are small and on a
+    CPU and it asks for no options of its own. The compiled program is not handed back for jit's
+    fast path, so it serves planning's calls only: outside planning, the same function compiles
+    and runs as JAX would."""
+
+    def call(*args: Any, **params: Any) -> Any:
+        if (
+            not _ACTIVE.get()
+            or params.get("compiler_options_kvs")
+            or compile_mode.compile_mode() == "optimized"
+            or not _small_on_cpu(args)
+        ):
+            return original(*args, **params)
+        params["compiler_options_kvs"] = tuple(compile_mode.fast_cpu_options().items())
+        out, _, profiler, const_args = original(*args, **params)
+        return out, None, profiler, const_args
+
+    return call
 
 
 def _small_on_cpu(args: tuple) -> bool:

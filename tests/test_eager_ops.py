@@ -66,3 +66,43 @@ def test_planning_runs_the_model_s_eager_primitives_cheaply_and_fits_as_before()
     for site in ("w", "tau"):
         np.testing.assert_allclose(cheap.posterior[site].mean, default.posterior[site].mean, rtol=1e-9)
     np.testing.assert_allclose(cheap.elbo[-1], default.elbo[-1], rtol=1e-10)
+
+
+_XLA_COMPILES: list = []
+
+
+def xla_compiles() -> int:
+    """XLA compilations in this process so far (JAX logs "Compiling" once per lowering, and one
+    lowering may compile twice, with two sets of options)."""
+    from jax._src import monitoring
+
+    if not _XLA_COMPILES:
+        _XLA_COMPILES.append(0)
+        monitoring.register_event_duration_secs_listener(
+            lambda event, seconds, **_: _XLA_COMPILES.append(event)
+            if event == "/jax/core/compile/backend_compile_duration" else None
+        )
+    return len(_XLA_COMPILES)
+
+
+def test_jitted_functions_inside_the_context_compile_cheaply_and_stay_there():
+    """A jitted function called eagerly (jnp functions are jitted as a whole) runs a program of its
+    own inside the context (compiled with the cheap settings), which never serves calls outside:
+    there the same call compiles XLA's default program (without the route, it would reuse the
+    program compiled inside)."""
+
+    @jax.jit
+    def scaled(a, b):
+        return a * 2.0 + b
+
+    x = jnp.linspace(0.0, 1.0, 41)
+    start = xla_compiles()
+    with cheap_eager_ops():
+        inside = scaled(x, x)
+        again = scaled(x, x)  # cached for planning's calls
+    middle = xla_compiles()
+    outside = scaled(x, x)
+    scaled(x, x)
+    assert middle - start == 1 and xla_compiles() - middle == 1
+    np.testing.assert_allclose(inside, outside, rtol=1e-15)
+    np.testing.assert_array_equal(inside, again)
