@@ -70,7 +70,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.infer.util import log_density
 
-from blrppl.draws import compiled_family_draws, compiled_for
+from blrppl.draws import compiled_family_draws, compiled_for, model_data
 from blrppl.graph.replay import split_latents
 from blrppl.compile_mode import jit_for
 
@@ -196,18 +196,20 @@ def _importance_draws(
     plan = result.plan
     natural = result.natural_params
     draws = compiled_family_draws(plan, num_samples)(rng_key, natural)
-    # One compiled function per plan: run eagerly, each of the model's
-    # operations would compile on its own (seconds for a mixture on CPU).
-    run = compiled_for(plan, ("log_ratio",), lambda: jit_for(plan.arrays, _log_ratios(plan)))
-    return run(draws, natural, dict(result.state.params))
+    # One compiled function per plan signature (the data are arguments): run eagerly,
+    # each of the model's operations would compile on its own (seconds for a mixture
+    # on CPU), and a refit on new data compiles nothing.
+    run = compiled_for(plan, ("log_ratio",), lambda: jit_for(plan.arrays, _log_ratios(plan)), by_signature=True)
+    return run(draws, natural, dict(result.state.params), model_data(plan))
 
 
 def _log_ratios(plan: Any):
-    """``(draws, natural, params) -> (log_ratio, magnitude, sites)`` over a leading axis of draws."""
+    """``(draws, natural, params, data) -> (log_ratio, magnitude, sites)`` over a leading axis of
+    draws; ``data``: the model's array arguments (None: the traced ones, as constants)."""
     graph = plan.graph
     dtype = jnp.result_type(float)
 
-    def log_ratio(draw: dict, natural: dict, params: dict) -> tuple:
+    def log_ratio(draw: dict, natural: dict, params: dict, data: Any) -> tuple:
         log_q = jnp.zeros((), dtype)
         log_det = jnp.zeros((), dtype)
         magnitude = jnp.zeros((), dtype)
@@ -231,12 +233,11 @@ def _log_ratios(plan: Any):
             log_det = log_det + jnp.sum(jacobian)
             magnitude = magnitude + jnp.sum(jnp.abs(jacobian))
             values[v] = x
-        data = split_latents(graph, values)
-        sites = dict(data)
-        data.update(params)
-        log_joint, model_trace = log_density(
-            graph.model, graph.model_args, graph.model_kwargs, data
-        )
+        substituted = split_latents(graph, values)
+        sites = dict(substituted)
+        substituted.update(params)
+        model_args, model_kwargs = (graph.model_args, graph.model_kwargs) if data is None else graph.data.rebuild(data)
+        log_joint, model_trace = log_density(graph.model, model_args, model_kwargs, substituted)
         for site in model_trace.values():
             if site["type"] != "sample":
                 continue
@@ -248,7 +249,7 @@ def _log_ratios(plan: Any):
             magnitude = magnitude + jnp.sum(terms)
         return log_joint + log_det - log_q, magnitude, sites
 
-    return jax.vmap(log_ratio, in_axes=(0, None, None))
+    return jax.vmap(log_ratio, in_axes=(0, None, None, None))
 
 
 def collapsed_sites(result: Any, q_sites: dict) -> tuple[str, ...]:

@@ -206,3 +206,21 @@ def test_the_label_always_agrees_with_the_number_printed(num_samples):
     for k, verdict in [(-math.inf, "exact"), (math.inf, "bad"), (math.nan, "bad")]:
         diagnostic = ParetoK(k, float(num_samples), num_samples, spread=0.0, rounding=1e-12)
         assert diagnostic.verdict == verdict and f"{verdict}" in str(diagnostic)
+
+
+def test_a_refit_on_new_data_computes_its_ratios_without_compiling(rng_key):
+    """The log-ratio program takes the data as arguments: one compilation per plan signature, and
+    a refit's ratios (which read the new data) equal those of a program compiled for its plan."""
+    import blrppl.draws
+    from tests.compiles import compilations
+
+    engine = blrppl.ConjugateBayes(normal_normal)
+    engine.run(rng_key, 1, Y, progress_bar=False).pareto_k(jax.random.key(1), 200)
+    refit = engine.run(rng_key, 1, Y + 2.0, progress_bar=False)
+    with compilations() as messages:
+        shared = log_importance_ratios(refit, jax.random.key(1), 200)
+    assert messages == []
+    # The exact posterior of the new data: every ratio is its log evidence, not the old data's.
+    np.testing.assert_allclose(shared, refit.elbo[-1], rtol=1e-10)
+    blrppl.draws._COMPILED.clear()
+    np.testing.assert_allclose(shared, log_importance_ratios(refit, jax.random.key(1), 200), rtol=1e-12)
