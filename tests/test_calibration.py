@@ -5,6 +5,8 @@ ranks of the true parameters among draws from q are uniform (a chi-square
 test at a fixed seed); the batched fit of each data set equals its own run.
 """
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -196,3 +198,23 @@ def test_the_data_sets_of_a_batch_share_their_compiled_draws(rng_key):
     own = batch[3].sample(jax.random.key(1), 50)  # compiled for data set 3's own plan
     np.testing.assert_allclose(shared["fit"], own["fit"], rtol=1e-12)
     np.testing.assert_allclose(shared["fit"], np.einsum("nd,sd->sn", Xs[3], shared["beta"]), rtol=1e-10)
+
+
+FLOAT32_IMPROPER = """
+import json, jax, numpy as np, blrppl
+from tests.test_calibration import halfnormal_scale
+ys = np.random.default_rng(0).normal(2.0, 1.0, (3, 10)).astype(np.float32)
+ys[1] = 2.0
+batch = blrppl.NonConjugateVI(halfnormal_scale).run_batched(jax.random.key(0), 200, y=ys)
+print(json.dumps({"flagged": list(batch.flagged), "flags": list(batch[1].flags), "dtype": str(batch[0].elbo.dtype)}))
+"""
+
+
+def test_a_collapsed_member_is_flagged_in_float32():
+    """In float32 the collapsing scale's fit can end with a flat, finite ELBO (every step rejected):
+    the q centred at the boundary is flagged all the same."""
+    from tests.float32 import run_in_float32
+
+    out = json.loads(run_in_float32(FLOAT32_IMPROPER).strip().splitlines()[-1])
+    assert out["dtype"] == "float32" and 1 in out["flagged"] and 0 not in out["flagged"]
+    assert any("'sigma'" in f and ("boundary" in f or "improper" in f) for f in out["flags"])

@@ -208,8 +208,25 @@ def erratic(elbo: np.ndarray) -> bool:
     return float(np.max(finite)) > last + ERRATIC_RATIO * (1.0 + abs(last))
 
 
-def runaway_sites(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> list[str]:
-    """Gaussian variables on a transformed support whose q is centred past ``RUNAWAY_LOC``."""
+def vanishing_sites(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> tuple[str, ...]:
+    """A flag naming the variables on a transformed support whose q is centred below
+    ``-RUNAWAY_LOC`` on the unconstrained space (e^-15 of the site's unit: a scale or rate that
+    collapsed onto its lower boundary), whatever the ELBO did: in float32 such a fit can end with
+    a flat, finite ELBO (every step rejected), which no other check questions."""
+    low = runaway_sites(qs, natural, side=-1)
+    if not low:
+        return ()
+    return (
+        f"q of {', '.join(repr(v) for v in low)} is centred below e^-{RUNAWAY_LOC:g} of its unit on the "
+        "unconstrained space, at the lower boundary of its support: the signature of an improper posterior "
+        "(e.g. a scale collapsing onto identical observations under a prior that stays positive at zero); "
+        "check the data, or give the site a prior that vanishes at the boundary (or rescale data in extreme units)",
+    )
+
+
+def runaway_sites(qs: Mapping[str, Any], natural: Mapping[str, Any], side: int = 0) -> list[str]:
+    """Gaussian variables on a transformed support whose q is centred past ``RUNAWAY_LOC``
+    (``side``: -1 below ``-RUNAWAY_LOC`` only, +1 above ``RUNAWAY_LOC`` only, 0 either)."""
     found = []
     for v, q in qs.items():
         if not q.family.gaussian or q.family.chain or q.transform is None:
@@ -224,7 +241,8 @@ def runaway_sites(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> list[str
             except np.linalg.LinAlgError:
                 continue
         with np.errstate(all="ignore"):
-            if bool(np.any(np.abs(loc) > RUNAWAY_LOC)):
+            past = np.abs(loc) if side == 0 else side * np.asarray(loc)
+            if bool(np.any(past > RUNAWAY_LOC)):
                 found.append(v)
     return found
 

@@ -18,7 +18,9 @@ import numpy as np
 
 from blrppl.blr import driver
 from blrppl.blr.build import build_blr
-from blrppl.blr.checks import boundary_estimates, fell_from_best, improper_posterior_error, steady_climb
+from blrppl.blr.checks import (
+    boundary_estimates, fell_from_best, improper_posterior_error, steady_climb, vanishing_sites,
+)
 from blrppl.blr.config import Config
 from blrppl.blr.plan import Plan, make_plan
 from blrppl.blr.replan import Replanner, record_plan
@@ -105,9 +107,10 @@ class Engine:
             boundary = boundary_estimates(plan, self.build(plan, fixed_params=True), state, float(np.asarray(elbo)[-1]))
             if boundary:
                 return boundary
+        natural = jax.tree.map(np.asarray, state.natural if natural is None else natural)  # read once
         deterministic = not noisy and plan.subsample is None
-        fell = fell_from_best(plan.qs, state.natural if natural is None else natural, elbo) if deterministic else ()
-        return fell or steady_climb(elbo, stopped)
+        fell = fell_from_best(plan.qs, natural, elbo) if deterministic else ()
+        return fell or (steady_climb(elbo, stopped) + vanishing_sites(plan.qs, natural))
 
     def batch_member_flags(
         self, plan: Plan, state: Any, elbo: np.ndarray, stopped: bool, noisy: bool, natural: Any = None

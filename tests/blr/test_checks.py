@@ -63,3 +63,21 @@ def test_a_deterministic_run_that_ended_far_below_its_best_elbo_is_flagged():
     fell = np.array([86.8, 169.8, 884.6, 163.7, 103.9])
     (flag,) = fell_from_best({}, {}, fell)
     assert "781 below the best" in flag and "step 3" in flag and "not at an optimum" in flag
+
+
+def test_a_q_centred_at_the_lower_boundary_is_flagged_whatever_the_elbo():
+    from blrppl.blr.checks import vanishing_sites
+    from blrppl.families.normal import NormalStats
+
+    class Q:  # a Gaussian q of a positive site, on the log scale
+        class family:
+            gaussian, chain = True, False
+
+        transform = object()
+
+    def natural(loc, precision):
+        return {"sigma": NormalStats(x=np.asarray(loc * precision), x_sq=np.asarray(-0.5 * precision))}
+
+    assert "'sigma'" in vanishing_sites({"sigma": Q}, natural(-16.4, 2e9))[0]
+    assert vanishing_sites({"sigma": Q}, natural(-3.0, 10.0)) == ()
+    assert vanishing_sites({"sigma": Q}, natural(16.0, 10.0)) == ()  # large values: data in big units
