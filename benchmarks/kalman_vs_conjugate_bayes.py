@@ -12,10 +12,10 @@ sides):
 * the one-off cost of a fit: tracing and symbolic analysis (``engine.plan``),
   and the first run (compilation included);
 * the steady-state time of the whole compiled run (``blrppl.blr.driver.run``
-  of one step: the start from the prior, the step, the driver's while loop
+  of one step: its placeholder start, the step, the driver's while loop
   and its host round trip), of one jit-compiled step alone, of the start
-  alone (``driver.init``: an exact algorithm's run no longer calls it, its
-  loop makes the start in its own program), and of ``engine.fit`` on the
+  alone (``driver.init``: an exact algorithm's run no longer makes it: its
+  loop starts from placeholders, since one step is the posterior from any start), and of ``engine.fit`` on the
   planned data (the run plus the start's validity test, a forward pass over
   the prior chain, and the result's checks), with the sequential
   (``lax.scan``) and the parallel (``lax.associative_scan``,
@@ -167,7 +167,7 @@ def main() -> None:
                 "  the start from the prior alone (driver.init)",
                 f"{times[family, 'init'][0] * 1e3:.2f} ms",
                 ratio((family, "init")),
-                "a separate call before; an exact run makes it inside its loop's program",
+                "not part of an exact run (its loop starts from placeholders); fit's start test makes it",
             ))
             rows.append((
                 "  engine.fit(plan, key, 1)",

@@ -28,7 +28,7 @@ from blrppl.blr.newton import MAX_NEWTON_SIZE, newton_candidate, newton_size
 from blrppl.blr.plan import Plan, on_one_block_each
 from blrppl.blr.restarts import random_params, random_start
 from blrppl.blr.schedules import as_schedule
-from blrppl.blr.starts import initial_natural
+from blrppl.blr.starts import initial_natural, placeholder_natural
 from blrppl.blr.state import BLRInfo, BLRState, InferenceAlgorithm
 from blrppl.blr.update import checked_global_update, local_update, safe_global_update, tree_sum
 from blrppl.families import kl_divergence
@@ -279,6 +279,10 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             new_state, change = window_change(qs, new_state)
         elif exact:  # the step taken (no λ rejected by the safeguard) is the fixed point
             change = jnp.where(taken, 0.0, jnp.inf).astype(value.dtype)
+            # A rejected step means the exact posterior is not a valid q: its λ is the fallback
+            # of the safeguard, not the posterior, and its ELBO no evidence (the fit reports it).
+            value = jnp.where(taken, value, jnp.nan)
+            new_state = new_state._replace(elbo=None if new_state.elbo is None else value)
         return new_state, BLRInfo(elbo=value, rho=r, change=change)
 
     def elbo(
@@ -302,6 +306,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     return InferenceAlgorithm(
         init=init, step=step, elbo=lambda k, s, a: elbo(k, s, a), noisy=average, sequential=sequential,
         start=start if shared else None, finish=finish if shared else None, exact=exact,
+        blank=(lambda arrays: placeholder_natural(qs, arrays)) if exact else None,
     )
 
 

@@ -277,6 +277,25 @@ def collapsed_sites(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> list[s
     return sorted(found, key=lambda v: qs[v].transform is None)
 
 
+def invalid_exact_posterior_error(qs: Mapping[str, Any], elbo: Any) -> Any:
+    """A :class:`~blrppl.ModelError` when an exact run's step was rejected, else None.
+
+    With conjugate factors one step with ρ = 1 is the exact posterior (Khan & Rue,
+    Sec. 5.1); the step marks a λ that fails its family's check with a NaN ELBO
+    (:func:`blrppl.blr.build.build_blr`). Its λ is then the safeguard's fallback, not the
+    posterior, and is never returned as one.
+    """
+    elbo = np.asarray(elbo)
+    if not elbo.size or bool(np.isfinite(elbo[-1])):
+        return None
+    names = list(qs)
+    return ModelError(
+        f"site {names[0]!r}: the exact posterior of {names} is not a valid q (its natural parameters fail "
+        "the family's check: the data do not identify it, or rounding broke it, e.g. float32 on a long "
+        "chain); check the data and priors, or fit in float64 (jax_enable_x64)."
+    )
+
+
 def improper_posterior_error(qs: Mapping[str, Any], natural: Mapping[str, Any], elbo: Any) -> Any:
     """A :class:`~blrppl.ModelError` when the fit diverged, naming the collapsing site, else None.
 

@@ -56,8 +56,8 @@ def _init(algorithm, tests, lean, rng_key, arrays, stop):
 
 def _lean(algorithm: InferenceAlgorithm, state: BLRState) -> BLRState:
     """An exact algorithm's state without λ, which its step does not read: the loop then
-    starts from the prior made inside its own program (:func:`_chunk`, from the state's
-    stream), written straight into the λ it returns, instead of a start made, returned and
+    starts from ``algorithm.blank`` (placeholders, no pass over the data) inside its own
+    program, written straight into the λ it returns, instead of a start made, returned and
     copied in by another call. (For other algorithms, the state.)"""
     return state._replace(natural=None) if algorithm.exact else state
 
@@ -274,8 +274,8 @@ def elbo_resolution(dtype: Any) -> float:
 
 def _chunk(algorithm, arrays, state, buffer, start, stop, previous, hits, threshold):
     """Steps ``start`` to ``stop`` (or until converged) in one ``while_loop``."""
-    if state.natural is None:  # an exact algorithm's lean state (:func:`_lean`)
-        state = state._replace(natural=algorithm.init(state.rng_key, arrays).natural)
+    if state.natural is None:  # an exact algorithm's lean state (:func:`_lean`): any valid start
+        state = state._replace(natural=algorithm.blank(arrays))
 
     def cond(carry):
         i, _, _, _, hits = carry

@@ -72,10 +72,7 @@ def initial_natural(
     ``init`` maps sites to a numpyro distribution (q starts there) or a value
     (q keeps the spread it has from the prior but is centred at the value).
     """
-    natural = {}
-    for v, q in qs.items():
-        starts = arrays.starts[v]
-        natural[v] = starts["placeholder"] if "placeholder" in starts else q.example_natural()
+    natural = placeholder_natural(qs, arrays)
     by_factor = {est.factor: est for est in estimators}
     for i, (v, q) in enumerate(qs.items()):
         key = jax.random.fold_in(rng_key, i)
@@ -95,6 +92,16 @@ def initial_natural(
     for v, start in (init or {}).items():
         natural[v] = user_start(qs[v], natural[v], start)
     return natural
+
+
+def placeholder_natural(qs: Mapping[str, Any], arrays: PlanArrays) -> dict:
+    """A valid λ of every variable's family and shapes, made without a pass over the data (the
+    plan's placeholder from the prior, else the family's example): where the start does not
+    matter (an exact run's step, :func:`blrppl.blr.driver._lean`), and before the real start."""
+    return {
+        v: arrays.starts[v]["placeholder"] if "placeholder" in arrays.starts[v] else q.example_natural()
+        for v, q in qs.items()
+    }
 
 
 def start_tests(qs: Mapping[str, Any]) -> tuple:

@@ -81,6 +81,8 @@ class InferenceAlgorithm(NamedTuple):
     ``exact``: one step from any state is the fixed point (conjugate Bayes,
     :func:`blrppl.blr.build.exact_after_one_step`), so a run with ``tol``
     stops after the first step it took instead of confirming it twice.
+    ``blank(arrays) -> λ``: a valid λ made without a pass over the data, which
+    an exact run's loop starts from (its step never reads the start).
     ``arrays`` is the plan's data
     (:class:`~blrppl.estimators.base.PlanArrays`), an argument so that one
     compiled program fits any data set of the same shapes.
@@ -94,3 +96,4 @@ class InferenceAlgorithm(NamedTuple):
     start: Optional[Callable[[jax.Array, Any, bool], tuple[Any, Any]]] = None
     finish: Optional[Callable[[jax.Array, Any, Any, Any], BLRState]] = None
     exact: bool = False
+    blank: Optional[Callable[[Any], Any]] = None

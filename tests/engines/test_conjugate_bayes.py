@@ -90,3 +90,34 @@ def test_non_conjugate_factor_is_a_model_error_naming_factor_and_variable():
         run(entry.model, *args, **kwargs)
     message = str(error.value)
     assert "site 'y'" in message and "exp" in message and "beta" in message
+
+
+def _reject_every_step(monkeypatch):
+    """Every update's safeguard says the new λ fails its family's check (as rounding can make it)."""
+    from blrppl.blr import build, update
+
+    def rejected(family, natural, messages, rho):
+        new, _ = update.safe_global_update(family, natural, messages, rho)
+        return new, jnp.ones((), bool)
+
+    monkeypatch.setattr(build, "safe_global_update", rejected)
+
+
+def test_a_rejected_exact_step_is_an_error_not_the_safeguards_fallback(monkeypatch):
+    # The exact posterior is one step (rho = 1); a step whose λ fails the family's check leaves
+    # the safeguard's fallback, which is not the posterior, and must never come back as one.
+    _reject_every_step(monkeypatch)
+    entry = ZOO["beta_bernoulli"]
+    args, kwargs = entry.data()
+    with pytest.raises(blrppl.ModelError, match="exact posterior .* is not a valid q"):
+        run(entry.model, *args, **kwargs)
+
+
+def test_a_batched_member_whose_exact_step_is_rejected_fails_alone(monkeypatch):
+    _reject_every_step(monkeypatch)
+    entry = ZOO["beta_bernoulli"]
+    _, kwargs = entry.data()
+    ys = jnp.stack([kwargs["y"], 1.0 - kwargs["y"]])
+    batch = blrppl.ConjugateBayes(entry.model).run_batched(jax.random.key(0), 1, y=ys)
+    assert list(batch.failed) == [True, True]
+    assert all("exact posterior" in flags[0] for flags in (batch[i].flags for i in range(2)))
