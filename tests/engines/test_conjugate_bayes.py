@@ -121,3 +121,23 @@ def test_a_batched_member_whose_exact_step_is_rejected_fails_alone(monkeypatch):
     batch = blrppl.ConjugateBayes(entry.model).run_batched(jax.random.key(0), 1, y=ys)
     assert list(batch.failed) == [True, True]
     assert all("exact posterior" in flags[0] for flags in (batch[i].flags for i in range(2)))
+
+
+@pytest.mark.parametrize("progress_bar", [False, True])
+def test_a_start_that_fails_its_test_stops_an_exact_run_before_any_step(monkeypatch, progress_bar):
+    # An exact run tests its start inside the loop's program (without a progress bar) or in the
+    # start's (with one); either way a failed test is the start's error and no step is taken.
+    from blrppl.blr import driver
+    from blrppl.engines import base
+
+    monkeypatch.setattr(base, "start_tests", lambda qs: tuple((v, lambda lam: jnp.zeros((), bool)) for v in qs))
+    entry = ZOO["beta_bernoulli"]
+    args, kwargs = entry.data()
+    with pytest.raises(blrppl.ModelError, match="site 'p': its prior does not define a proper starting q"):
+        blrppl.ConjugateBayes(entry.model).run(jax.random.key(0), 1, *args, progress_bar=progress_bar, **kwargs)
+    engine = blrppl.ConjugateBayes(entry.model)
+    plan = engine.plan(*args, **kwargs)
+    _, elbo, _, valid = driver.checked_run(
+        engine.build(plan), jax.random.key(0), 3, plan.arrays, base.start_tests(plan.qs), progress_bar=progress_bar
+    )
+    assert len(elbo) == 0 and not np.any(valid)
