@@ -166,15 +166,19 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             natural, sites, known = apply(v, natural, sites, known, msgs[v], r, batch)
         return natural, sites, known
 
-    def start(rng_key: jax.Array, arrays: Any, random: bool = random_starts) -> tuple[dict, dict]:
-        """The first half of ``init``: q's start and the point estimates (``random``: a restart's)."""
+    def start(rng_key: jax.Array, arrays: Any, random: Any = random_starts) -> tuple[dict, dict]:
+        """The first half of ``init``: q's start and the point estimates (``random``: a restart's;
+        a traced boolean selects between the two, so that restarts share one batched start)."""
         init_key, _ = jax.random.split(rng_key)
         natural = initial_natural(init_key, graph, qs, estimators, arrays, config.init)
         params = dict(arrays.params)
-        if random:
-            natural = random_start(jax.random.fold_in(init_key, 1), qs, natural, keep=config.init)
-            params = random_params(jax.random.fold_in(init_key, 2), plan.param_transforms, params)
-        return natural, params
+        if random is False:
+            return natural, params
+        moved = random_start(jax.random.fold_in(init_key, 1), qs, natural, keep=config.init)
+        moved_params = random_params(jax.random.fold_in(init_key, 2), plan.param_transforms, params)
+        if random is True:
+            return moved, moved_params
+        return jax.tree.map(lambda a, b: jnp.where(random, a, b), (moved, moved_params), (natural, params))
 
     def finish(rng_key: jax.Array, natural: dict, params: dict, arrays: Any) -> BLRState:
         """The second half of ``init``, from :func:`start`'s output."""

@@ -393,12 +393,12 @@ def _init_with_restarts(algorithm, random_algorithm, tests, num_restarts, rng_ke
         others = _over_restarts(random_algorithm, random_algorithm.init, (0, None), keys, arrays)
         states = stack(first, others)
         return states, _valid(tests, first.natural)
-    # The starts differ (restart 0: the plain start; the others: random), the rest of
-    # init is the same: it is traced and compiled once, batched over all restarts.
-    first = algorithm.start(rng_key, arrays, False)
-    others = _over_restarts(algorithm, lambda k, a: algorithm.start(k, a, True), (0, None), keys, arrays)
-    natural, params = stack(first, others)
+    # The starts differ (restart 0: the plain start; the others: random) by a flag, the rest
+    # of init not at all: start and finish are each traced and compiled once, batched over
+    # every restart (the plain start's own copy would double the program: k-means, priors).
     all_keys = jnp.concatenate([rng_key[None], keys])
+    moved = np.arange(num_restarts) > 0
+    natural, params = _over_restarts(algorithm, lambda k, r, a: algorithm.start(k, a, r), (0, 0, None), all_keys, moved, arrays)
     states = _over_restarts(algorithm, algorithm.finish, (0, 0, 0, None), all_keys, natural, params, arrays)
     return states, _valid(tests, jax.tree.map(lambda a: a[0], states.natural))
 
