@@ -30,7 +30,7 @@ from blrppl.blr.restarts import random_params, random_start
 from blrppl.blr.schedules import as_schedule
 from blrppl.blr.starts import initial_natural, placeholder_natural
 from blrppl.blr.state import BLRInfo, BLRState, InferenceAlgorithm
-from blrppl.blr.update import checked_global_update, local_update, safe_global_update, tree_sum
+from blrppl.blr.update import checked_global_update, is_valid_natural, local_update, safe_global_update, tree_sum
 from blrppl.families import kl_divergence
 
 AVERAGE_POWER = 3.0
@@ -134,17 +134,21 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         elif mode == "global" and qs[v].family.checked_moments is not None:
             # Eq. 58; the new λ's validity and its moments (the ELBO's) from one pass (chains).
             natural[v], rejected, moments_v = checked_global_update(
-                qs[v].family, natural[v], list(site_messages.values()), r
+                qs[v].family, natural[v], list(site_messages.values()), r, plain=exact
             )
             known[v] = (*moments_v, rejected)
         elif mode == "global":
-            natural[v], rejected = safe_global_update(qs[v].family, natural[v], list(site_messages.values()), r)  # Eq. 58
+            natural[v], rejected = safe_global_update(
+                qs[v].family, natural[v], list(site_messages.values()), r, plain=exact
+            )  # Eq. 58
             known[v] = (None, None, rejected)
         else:
             current = {f: sites[f][v] for f in site_messages}
             natural[v], new = local_update(current, site_messages, r)  # Eq. 60
             for f, site in new.items():
                 sites[f][v] = site
+            if exact:  # the posterior or nothing: a λ outside the family is a rejected step
+                known[v] = (None, None, ~is_valid_natural(qs[v].family, natural[v]))
         return natural, sites, known
 
     def update(rng_key, natural, sites, known, params, arrays, variables, r, batch):

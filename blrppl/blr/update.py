@@ -70,11 +70,14 @@ def _finite(natural) -> jax.Array:
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(natural)]))
 
 
-def _is_valid(family, natural) -> jax.Array:
+def is_valid_natural(family, natural) -> jax.Array:
+    """Whether λ is finite and inside ``family``'s natural parameter space (a traced bool)."""
     return _finite(natural) & jnp.all(family.is_valid(natural))
 
 
-def safe_global_update(family, natural: Any, messages: Sequence[Any], rho: Any) -> tuple[Any, jax.Array]:
+def safe_global_update(
+    family, natural: Any, messages: Sequence[Any], rho: Any, *, plain: bool = False
+) -> tuple[Any, jax.Array]:
     """Eq. 58 with a safeguard: never leave the natural parameter space.
 
     A family with a ``safe_step`` (Gaussians: the improved BLR of Lin,
@@ -83,10 +86,18 @@ def safe_global_update(family, natural: Any, messages: Sequence[Any], rho: Any) 
     finite (a Monte Carlo outlier) with ρ/2, ρ/4, ...; if none of
     ``MAX_HALVINGS`` halvings is valid, λ is kept. Never a silent clip.
 
+    With ``plain`` (an exact run: the step is the posterior or nothing), Eq. 58
+    alone: a λ that fails the family's check is rejected, never replaced by a
+    safe or shorter step, which would not be the posterior.
+
     Returns:
       ``(natural, rejected)``: the new λ and whether the step was rejected.
     """
     target = tree_sum(messages)
+    if plain:
+        first = jax.tree.map(lambda lam, t: (1.0 - rho) * lam + rho * t, natural, target)  # Eq. 58
+        valid = is_valid_natural(family, first)
+        return jax.tree.map(lambda new, old: jnp.where(valid, new, old), first, natural), ~valid
 
     def step(r):
         if family.safe_step is not None:
@@ -100,7 +111,7 @@ def safe_global_update(family, natural: Any, messages: Sequence[Any], rho: Any) 
     def body(carry):
         k, _, _ = carry
         candidate = step(rho * 0.5**k)
-        return k + 1, candidate, _is_valid(family, candidate)
+        return k + 1, candidate, is_valid_natural(family, candidate)
 
     def halve(operands):
         k, candidate, valid = jax.lax.while_loop(cond, body, (jnp.ones((), jnp.int32), *operands))
@@ -110,11 +121,13 @@ def safe_global_update(family, natural: Any, messages: Sequence[Any], rho: Any) 
     # (Under vmap the cond runs both branches; the loop then starts from each
     # member's own verdict, so valid members take no halving.)
     first = step(rho)
-    valid = _is_valid(family, first)
+    valid = is_valid_natural(family, first)
     return jax.lax.cond(valid, lambda o: (o[0], ~o[1]), halve, (first, valid))
 
 
-def checked_global_update(family, natural: Any, messages: Sequence[Any], rho: Any) -> tuple[Any, jax.Array, tuple]:
+def checked_global_update(
+    family, natural: Any, messages: Sequence[Any], rho: Any, *, plain: bool = False
+) -> tuple[Any, jax.Array, tuple]:
     """:func:`safe_global_update` that also returns ``(μ, A(λ))`` of the new λ.
 
     For families that read their validity off their moments
@@ -127,6 +140,9 @@ def checked_global_update(family, natural: Any, messages: Sequence[Any], rho: An
     of λ and the previous try, so the site parameters' sum need not be kept
     alive through it.
 
+    ``plain``: Eq. 58 alone, rejected where it fails the check (as
+    :func:`safe_global_update`); the moments are then the rejected λ's.
+
     Returns:
       ``(natural, rejected, (μ, A(λ)))``.
     """
@@ -135,6 +151,11 @@ def checked_global_update(family, natural: Any, messages: Sequence[Any], rho: An
     def check(candidate):
         mean, log_norm, valid = checked_moments(family, candidate)
         return (mean, log_norm), _finite(candidate) & jnp.all(valid)
+
+    if plain:
+        first = jax.tree.map(lambda lam, t: (1.0 - rho) * lam + rho * t, natural, target)  # Eq. 58
+        extra, valid = check(first)
+        return jax.tree.map(lambda new, old: jnp.where(valid, new, old), first, natural), ~valid, extra
 
     def step(r):
         if family.safe_step is not None:

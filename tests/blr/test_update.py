@@ -88,3 +88,20 @@ def test_checked_step_halves_a_chain_and_returns_the_moments_of_the_lambda_it_ke
 def assert_trees_close(actual, expected, rtol):
     for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=rtol)
+
+
+def test_the_plain_update_of_an_exact_run_rejects_a_target_outside_the_family():
+    # An exact run's step is the posterior or nothing: neither the improved Gaussian step nor a
+    # halved ρ, which both give a valid λ here (tests above), may stand in for it.
+    lam = NormalStats(jnp.array(0.0), jnp.array(-0.5))
+    bad = [NormalStats(jnp.array(1.0), jnp.array(0.5))]
+    new, rejected = safe_global_update(NORMAL, lam, bad, 1.0, plain=True)
+    assert bool(rejected)
+    np.testing.assert_array_equal(new.x_sq, lam.x_sq)
+    gamma = GammaStats(log_x=jnp.array(1.0), x=jnp.array(-1.0))
+    _, rejected = safe_global_update(GAMMA, gamma, [GammaStats(log_x=jnp.array(-3.0), x=jnp.array(-1.0))], 1.0, plain=True)
+    assert bool(rejected)
+    good = [NormalStats(jnp.array(1.0), jnp.array(-0.25))]
+    new, rejected = safe_global_update(NORMAL, lam, good, 1.0, plain=True)
+    assert not bool(rejected)
+    np.testing.assert_array_equal(new.x, good[0].x)

@@ -96,8 +96,8 @@ def _reject_every_step(monkeypatch):
     """Every update's safeguard says the new λ fails its family's check (as rounding can make it)."""
     from blrppl.blr import build, update
 
-    def rejected(family, natural, messages, rho):
-        new, _ = update.safe_global_update(family, natural, messages, rho)
+    def rejected(family, natural, messages, rho, **options):
+        new, _ = update.safe_global_update(family, natural, messages, rho, **options)
         return new, jnp.ones((), bool)
 
     monkeypatch.setattr(build, "safe_global_update", rejected)
@@ -141,3 +141,16 @@ def test_a_start_that_fails_its_test_stops_an_exact_run_before_any_step(monkeypa
         engine.build(plan), jax.random.key(0), 3, plan.arrays, base.start_tests(plan.qs), progress_bar=progress_bar
     )
     assert len(elbo) == 0 and not np.any(valid)
+
+
+def test_an_improper_posterior_from_a_proper_prior_is_an_error_not_a_safe_step():
+    # exp(-mu^2/2) * exp(1.5 mu^2) cannot be normalised. The safeguard's improved Gaussian step
+    # used to turn the indefinite target into N(0, 0.71^2), returned as the exact posterior.
+    def model(c):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        numpyro.factor("push", 0.5 * c * mu**2)
+
+    q = run(model, jnp.asarray(0.5)).posterior["mu"]  # proper: precision 1 - 0.5
+    np.testing.assert_allclose(q.scale, np.sqrt(2.0), rtol=1e-12)
+    with pytest.raises(blrppl.ModelError, match="exact posterior .* is not a valid q"):
+        run(model, jnp.asarray(3.0))
