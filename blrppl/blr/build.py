@@ -25,7 +25,7 @@ from blrppl.blr.incremental import build_store
 from blrppl.blr.minibatch import batch_key, minibatch, put_rows, take_rows
 from blrppl.blr.mstep import build_m_step
 from blrppl.blr.newton import MAX_NEWTON_SIZE, newton_candidate, newton_size
-from blrppl.blr.plan import Plan, on_one_block_each
+from blrppl.blr.plan import Plan, exact_target_variables, on_one_block_each
 from blrppl.blr.restarts import random_params, random_start
 from blrppl.blr.schedules import as_schedule
 from blrppl.blr.starts import initial_natural, placeholder_natural
@@ -92,6 +92,12 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     cubature = any(e.method.estimator == "cubature" for e in plan.estimators)
     newton = config.newton and guard and mode == "global" and not plan.init_params and not average and not cubature
     exact = exact_after_one_step(plan, config, fixed_params=fixed_params)
+    # A variable whose site parameters are all exact has the coordinate maximum of the ELBO as
+    # its target: one outside the family means the ELBO has no maximum (an improper
+    # conditional), reported as such. With ρ = 1 the step is that target, taken plainly (Eq. 58,
+    # no safeguard, which would replace it by a valid q: a confident wrong answer).
+    unit_rate = not callable(config.learning_rate) and float(config.learning_rate) == 1.0
+    exact_targets = exact_target_variables(plan) if sub is None else frozenset()
 
     def batch_of(state: BLRState, t: jax.Array) -> Optional[jax.Array]:
         if sub is None:
@@ -125,34 +131,40 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         return out
 
     def apply(v, natural, sites, known, site_messages, r, batch):
-        """Update one variable from its factors' site parameters; ``known[v]``: ``(μ, A, rejected)``
-        of its new λ where the update checked it."""
+        """Update one variable from its factors' site parameters; ``known[v]``: ``(μ, A, rejected,
+        unbounded)`` of its new λ where the update checked it (``unbounded``: for an exact target,
+        whether it is outside the family; else None)."""
+        plain = exact or (unit_rate and v in exact_targets)  # the posterior (coordinate maximum) or nothing
+        messages_v = list(site_messages.values())
+
+        def unbounded(rejected):
+            if v not in exact_targets:
+                return None
+            return rejected if unit_rate else ~is_valid_natural(qs[v].family, tree_sum(messages_v))
+
         if v in local:  # ρ = 1 on the minibatch rows: the exact local step (Sec. 5.3)
             axis = sub.local_axes[v]
-            target = tree_sum(list(site_messages.values()))
+            target = tree_sum(messages_v)
             natural[v] = put_rows(natural[v], batch, take_rows(target, batch, axis), axis)
         elif mode == "global" and qs[v].family.checked_moments is not None:
             # Eq. 58; the new λ's validity and its moments (the ELBO's) from one pass (chains).
-            natural[v], rejected, moments_v = checked_global_update(
-                qs[v].family, natural[v], list(site_messages.values()), r, plain=exact
-            )
-            known[v] = (*moments_v, rejected)
+            natural[v], rejected, moments_v = checked_global_update(qs[v].family, natural[v], messages_v, r, plain=plain)
+            known[v] = (*moments_v, rejected, unbounded(rejected))
         elif mode == "global":
-            natural[v], rejected = safe_global_update(
-                qs[v].family, natural[v], list(site_messages.values()), r, plain=exact
-            )  # Eq. 58
-            known[v] = (None, None, rejected)
+            natural[v], rejected = safe_global_update(qs[v].family, natural[v], messages_v, r, plain=plain)  # Eq. 58
+            known[v] = (None, None, rejected, unbounded(rejected))
         else:
             current = {f: sites[f][v] for f in site_messages}
             natural[v], new = local_update(current, site_messages, r)  # Eq. 60
             for f, site in new.items():
                 sites[f][v] = site
-            if exact:  # the posterior or nothing: a λ outside the family is a rejected step
-                known[v] = (None, None, ~is_valid_natural(qs[v].family, natural[v]))
+            if plain or v in exact_targets:
+                rejected = ~is_valid_natural(qs[v].family, natural[v]) if plain else None
+                known[v] = (None, None, rejected, unbounded(rejected))
         return natural, sites, known
 
     def update(rng_key, natural, sites, known, params, arrays, variables, r, batch):
-        """One update of ``variables``; ``known`` gathers ``(μ, A, rejected)`` of the variables
+        """One update of ``variables``; ``known`` gathers ``(μ, A, rejected, unbounded)`` of the variables
         whose new λ came with them (each variable is updated once per step, so they stay its own)."""
         natural, sites, known = dict(natural), {f: dict(s) for f, s in sites.items()}, dict(known)
         if incremental is not None:
@@ -234,7 +246,9 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
                 natural, sites, known = update(key, natural, sites, known, params, arrays, (v,), r, batch)
         # The M-step and the ELBO read the same q: its moments (a chain's
         # forward-backward) are computed once for both, most by the update itself.
-        rejected = [known[v][2] for v in known]
+        rejected = [k[2] for k in known.values() if k[2] is not None]
+        unbounded = [k[3] for k in known.values() if k[3] is not None]
+        unbounded = jnp.any(jnp.stack(unbounded)) if unbounded else jnp.zeros((), bool)
         known = {v: k[:2] for v, k in known.items() if k[0] is not None}
         if known or m_step is not None:
             missing = moments(qs, {v: lam for v, lam in natural.items() if v not in known})
@@ -247,7 +261,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         new_state = state._replace(natural=natural, site_params=sites, params=params, step=t, average=running)
         value = elbo(elbo_key, new_state, arrays, batch, known)
         taken = ~jnp.any(jnp.stack(rejected)) if rejected else jnp.ones((), bool)
-        return new_state._replace(elbo=value if guard else None), value, taken
+        return new_state._replace(elbo=value if guard else None), value, taken, unbounded
 
     def step(state: BLRState, arrays: Any) -> tuple[BLRState, BLRInfo]:
         r = jnp.asarray(rho(state.step + 1), dtype=jnp.result_type(float))
@@ -259,19 +273,21 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
                 drop = state.elbo - value
                 return ~jnp.isfinite(value) | (drop > slack * (1.0 + jnp.abs(state.elbo)))
 
+            # An unbounded ELBO (an exact target outside its family) is the model's, not the
+            # step size's: it is not retried.
             def retry(carry):
-                k, _, _, _ = carry
+                k, _, _, _, _ = carry
                 r_k = r * 0.5**k
-                candidate, v, _ = attempt(state, arrays, r_k)
-                return k + 1, candidate, v, r_k
+                candidate, v, _, unbounded = attempt(state, arrays, r_k)
+                return k + 1, candidate, v, r_k, unbounded
 
-            _, new_state, value, r = jax.lax.while_loop(
-                lambda c: (c[0] == 0) | ((c[0] <= MAX_GUARD_HALVINGS) & collapsed(c[2])),
+            _, new_state, value, r, unbounded = jax.lax.while_loop(
+                lambda c: (c[0] == 0) | ((c[0] <= MAX_GUARD_HALVINGS) & collapsed(c[2]) & ~c[4]),
                 retry,
-                (jnp.zeros((), jnp.int32), state, jnp.asarray(state.elbo), r),
+                (jnp.zeros((), jnp.int32), state, jnp.asarray(state.elbo), r, jnp.zeros((), bool)),
             )
         else:
-            new_state, value, taken = attempt(state, arrays, r)
+            new_state, value, taken, unbounded = attempt(state, arrays, r)
         if newton and newton_size(state.natural) <= MAX_NEWTON_SIZE:
             # Keep the better of the BLR step and a damped Newton step on the ELBO (blrppl.blr.newton).
             key = jax.random.fold_in(state.rng_key, state.step)
@@ -291,6 +307,10 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             # of the safeguard, not the posterior, and its ELBO no evidence (the fit reports it).
             value = jnp.where(taken, value, jnp.nan)
             new_state = new_state._replace(elbo=None if new_state.elbo is None else value)
+        if exact_targets and not exact:
+            # The ELBO has no maximum: +inf, its supremum, is what the step reports (the fit
+            # raises :func:`blrppl.blr.checks.unbounded_elbo_error`); the state keeps q's value.
+            value = jnp.where(unbounded, jnp.inf, value)
         return new_state, BLRInfo(elbo=value, rho=r, change=change)
 
     def elbo(
@@ -314,7 +334,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     return InferenceAlgorithm(
         init=init, step=step, elbo=lambda k, s, a: elbo(k, s, a), noisy=average, sequential=sequential,
         start=start if shared else None, finish=finish if shared else None, exact=exact,
-        blank=(lambda arrays: placeholder_natural(qs, arrays)) if exact else None,
+        blank=(lambda arrays: placeholder_natural(qs, arrays)) if exact else None, exact_targets=exact_targets,
     )
 
 

@@ -296,6 +296,42 @@ def invalid_exact_posterior_error(qs: Mapping[str, Any], elbo: Any) -> Any:
     )
 
 
+def fit_error(qs: Mapping[str, Any], natural: Mapping[str, Any], elbo: Any, exact: bool, exact_targets: Any) -> Any:
+    """Why a finished fit is not an answer, as a :class:`~blrppl.ModelError`, or None: an exact
+    run's rejected posterior (``exact``), an ELBO without a maximum (``exact_targets``:
+    ``InferenceAlgorithm.exact_targets``), or a divergence (:func:`improper_posterior_error`)."""
+    return (
+        (invalid_exact_posterior_error(qs, elbo) if exact else None)
+        or unbounded_elbo_error(exact_targets, elbo)
+        or improper_posterior_error(qs, natural, elbo)
+    )
+
+
+def unbounded_elbo_error(targets: Any, elbo: Any) -> Any:
+    """A :class:`~blrppl.ModelError` when a fit's last step found the ELBO without a maximum, else None.
+
+    With exact site parameters and ρ = 1, a variable's step is its coordinate
+    maximum of the ELBO (Khan & Rue, Sec. 5.3: VMP), λ = Σ_f λ̃_f. Each
+    E_q[log f] is affine in that q's μ, so where λ is outside the family the
+    ELBO grows without bound in that q (its log normaliser is infinite): the
+    conditional posterior of the variable is improper and VI has no solution.
+    The step reports +inf, the supremum (``InferenceAlgorithm.exact_targets``:
+    ``targets``); the safeguard's valid replacement would be a confident wrong
+    answer.
+    """
+    elbo = np.asarray(elbo)
+    if not targets or not elbo.size or float(elbo[-1]) != np.inf:
+        return None
+    names = sorted(targets)
+    which = repr(names[0]) if len(names) == 1 else f"one of {names}"
+    return ModelError(
+        f"site {names[0]!r}: the ELBO has no maximum: the coordinate update of {which} (the sum of its "
+        "factors' exact site parameters) is not a valid q, so its conditional posterior is improper "
+        "(e.g. a factor such as numpyro.factor(..., c * x**2) with c > 0 that outgrows the prior, or a "
+        "flat prior the data do not identify); check the model's factors and priors."
+    )
+
+
 def improper_posterior_error(qs: Mapping[str, Any], natural: Mapping[str, Any], elbo: Any) -> Any:
     """A :class:`~blrppl.ModelError` when the fit diverged, naming the collapsing site, else None.
 

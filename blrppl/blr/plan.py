@@ -466,6 +466,24 @@ def on_one_block_each(plan: Plan) -> bool:
     return all(len(est.neighbours) <= 1 and _coupled_variable(est) is None for est in plan.estimators)
 
 
+def exact_target_variables(plan: Plan) -> frozenset:
+    """The variables every one of whose site parameters is exact (symbolic, or an exact sum
+    over enumerated neighbours): each E_q[log f] is then affine in the variable's μ (each of
+    its q blocks'), so with ρ = 1 its step is the coordinate maximum of the ELBO (Khan & Rue,
+    Sec. 5.3), and a target λ = Σ_f λ̃_f outside the family means the ELBO has no maximum
+    in that q (no VI solution; see :func:`blrppl.blr.checks.unbounded_elbo_error`)."""
+    exact = set(plan.qs)
+    for est in plan.estimators:
+        method = est.method
+        summed = set(method.estimated) <= set(method.enumerated)
+        for v in est.neighbours:
+            if est.factor in plan.imputed and v != est.factor:
+                continue  # an integrated-out factor informs its own latent only
+            if not (summed and v in method.exact):
+                exact.discard(v)
+    return frozenset(exact)
+
+
 def _coupled_variable(estimator: FactorEstimator) -> Optional[str]:
     """A variable two of whose independent q blocks meet in one term, if any."""
     analysis = estimator.analysis

@@ -83,6 +83,10 @@ class InferenceAlgorithm(NamedTuple):
     stops after the first step it took instead of confirming it twice.
     ``blank(arrays) -> λ``: a valid λ made without a pass over the data, which
     an exact run's loop starts from (its step never reads the start).
+    ``exact_targets``: the variables whose step is their exact coordinate maximum
+    (ρ = 1, every site parameter exact): a step whose target for one of them is
+    outside its family reports an ELBO of +inf, its supremum
+    (:func:`blrppl.blr.checks.unbounded_elbo_error`).
     ``arrays`` is the plan's data
     (:class:`~blrppl.estimators.base.PlanArrays`), an argument so that one
     compiled program fits any data set of the same shapes.
@@ -97,3 +101,4 @@ class InferenceAlgorithm(NamedTuple):
     finish: Optional[Callable[[jax.Array, Any, Any, Any], BLRState]] = None
     exact: bool = False
     blank: Optional[Callable[[Any], Any]] = None
+    exact_targets: frozenset = frozenset()

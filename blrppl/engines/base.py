@@ -19,8 +19,7 @@ import numpy as np
 from blrppl.blr import driver
 from blrppl.blr.build import build_blr
 from blrppl.blr.checks import (
-    boundary_estimates, fell_from_best, improper_posterior_error, invalid_exact_posterior_error, steady_climb,
-    vanishing_sites,
+    boundary_estimates, fell_from_best, fit_error, steady_climb, vanishing_sites,
 )
 from blrppl.blr.config import Config
 from blrppl.blr.plan import Plan, make_plan
@@ -125,8 +124,8 @@ class Engine:
         None where it cannot have (:func:`blrppl.blr.checks.sound_members`).
         """
         if natural is not None:
-            error = invalid_exact_posterior_error(plan.qs, elbo) if self.build(plan).exact else None
-            error = error or improper_posterior_error(plan.qs, natural, elbo)
+            algorithm = self.build(plan)
+            error = fit_error(plan.qs, natural, elbo, algorithm.exact, algorithm.exact_targets)
             if error is not None:
                 return (f"this data set's fit failed: {error}",), True
         return self._flags(plan, state, elbo, stopped, noisy, natural), False
@@ -201,7 +200,7 @@ class Engine:
             state, elbo, stopped = driver.run(
                 algorithm, rng_key, num_steps, plan.arrays, init_state=init_state, tol=tol, progress_bar=progress_bar
             )
-        check_finite(plan, state, elbo, algorithm.exact)
+        check_finite(plan, state, elbo, algorithm.exact, algorithm.exact_targets)
         convergence = Convergence.of(stopped, tol, len(elbo), algorithm.noisy, algorithm.exact, elbo.dtype)
         flags = self._flags(plan, state, elbo, bool(stopped), algorithm.noisy)
         return BLRResult(plan=plan, state=state, elbo=elbo, mode=self.mode, convergence=convergence, flags=flags)
@@ -228,7 +227,9 @@ class Engine:
         result = self.best_of_restarts(plan, states, np.asarray(elbo), np.asarray(num_run), np.asarray(stopped), tol)
         if result is None:  # every restart diverged: say why, for the first
             num_run = np.asarray(num_run)
-            check_finite(plan, jax.tree.map(lambda a: a[0], states), elbo[0, : num_run[0]], algorithm.exact)
+            check_finite(
+                plan, jax.tree.map(lambda a: a[0], states), elbo[0, : num_run[0]], algorithm.exact, algorithm.exact_targets
+            )
             raise ModelError(f"site {next(iter(plan.qs))!r}: every restart diverged; check the model and data.")
         return result
 
@@ -304,16 +305,16 @@ class Engine:
         return result.guide()
 
 
-def check_finite(plan: Plan, state: Any, elbo: jax.Array, exact: bool = False) -> None:
-    """A run that diverged (q or the ELBO not finite, an ELBO without bound), or an exact run
-    whose posterior is not a valid q (``exact``), is an error.
+def check_finite(plan: Plan, state: Any, elbo: jax.Array, exact: bool = False, exact_targets: Any = ()) -> None:
+    """A run that diverged (q or the ELBO not finite, an ELBO without bound), an exact run
+    whose posterior is not a valid q (``exact``), or a run whose last step found the ELBO
+    without a maximum (``exact_targets``: ``InferenceAlgorithm.exact_targets``) is an error.
 
     Raises:
-      ModelError: naming the site (see :func:`blrppl.blr.checks.improper_posterior_error`
-        and :func:`~blrppl.blr.checks.invalid_exact_posterior_error`).
+      ModelError: naming the site (see :func:`blrppl.blr.checks.improper_posterior_error`,
+        :func:`~blrppl.blr.checks.invalid_exact_posterior_error` and
+        :func:`~blrppl.blr.checks.unbounded_elbo_error`).
     """
-    error = (invalid_exact_posterior_error(plan.qs, elbo) if exact else None) or improper_posterior_error(
-        plan.qs, state.natural, elbo
-    )
+    error = fit_error(plan.qs, state.natural, elbo, exact, exact_targets)
     if error is not None:
         raise error

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from blrppl.blr import driver
-from blrppl.blr.checks import improper_posterior_error, sound_members
+from blrppl.blr.checks import fit_error, sound_members
 from blrppl.blr.restarts import default_restarts, restart_keys
 from blrppl.errors import ModelError
 from blrppl.graph.data import split_model_data
@@ -217,7 +217,9 @@ def _run_group_with_restarts(engine, plans, keys, num_steps, tol, progress_bar, 
         result = engine.best_of_restarts(plan, restarts, traces, num_run[rows], stopped[rows], tol, checks)
         if result is None:  # every restart diverged: the data set's fit failed
             trace = elbo[rows.start, : num_run[rows.start]]
-            error = improper_posterior_error(plan.qs, jax.tree.map(lambda a: a[rows.start], natural), trace)
+            error = fit_error(
+                plan.qs, jax.tree.map(lambda a: a[rows.start], natural), trace, algorithm.exact, algorithm.exact_targets
+            )
             message = "this data set's fit failed: every restart diverged (q or its ELBO not finite)" + (
                 f"; the first: {error}" if error is not None else ""
             )

@@ -7,7 +7,7 @@ import numpyro
 import numpyro.distributions as dist
 
 import blrppl
-from blrppl.blr.checks import erratic, improper_posterior_error, steady_climb
+from blrppl.blr.checks import erratic, improper_posterior_error, steady_climb, unbounded_elbo_error
 from blrppl.families import normal
 
 
@@ -81,3 +81,14 @@ def test_a_q_centred_at_the_lower_boundary_is_flagged_whatever_the_elbo():
     assert "'sigma'" in vanishing_sites({"sigma": Q}, natural(-16.4, 2e9))[0]
     assert vanishing_sites({"sigma": Q}, natural(-3.0, 10.0)) == ()
     assert vanishing_sites({"sigma": Q}, natural(16.0, 10.0)) == ()  # large values: data in big units
+
+
+def test_an_elbo_without_a_maximum_is_an_error_only_where_a_step_reported_it():
+    # +inf is what a step reports for an exact coordinate update outside its family; a fit
+    # with no such variable, or whose last step found a maximum, raises nothing here.
+    assert unbounded_elbo_error(frozenset({"mu"}), np.array([-3.0, -2.5])) is None
+    assert unbounded_elbo_error(frozenset(), np.array([-3.0, np.inf])) is None
+    assert unbounded_elbo_error(frozenset({"mu"}), np.array([np.inf, -2.5])) is None
+    error = unbounded_elbo_error(frozenset({"mu"}), np.array([-3.0, np.inf]))
+    assert isinstance(error, blrppl.ModelError) and "site 'mu': the ELBO has no maximum" in str(error)
+    assert "one of ['a', 'b']" in str(unbounded_elbo_error(frozenset({"b", "a"}), np.array([np.inf], np.float32)))

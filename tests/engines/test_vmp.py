@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+import pytest
 
 import blrppl
 from blrppl.blr import driver
@@ -110,3 +111,49 @@ def test_init_by_value_and_by_distribution(rng_key):
     a = engine.run(rng_key, 100, *args, progress_bar=False, **kwargs)
     b = blrppl.VMP(entry.model).run(rng_key, 100, *args, progress_bar=False, **kwargs)
     np.testing.assert_allclose(a.elbo[-1], b.elbo[-1], rtol=1e-10)
+
+
+def improper_conditional(c, y=None):
+    # q(mu)'s coordinate update has precision 1 + 20 E[tau] - c: for c large it is not a valid
+    # Gaussian, so the ELBO grows without bound in q(mu) (exp(c mu^2 / 2) outgrows the rest).
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    tau = numpyro.sample("tau", dist.Gamma(2.0, 1.0))
+    numpyro.factor("push", 0.5 * c * mu**2)
+    with numpyro.plate("N", 20):
+        numpyro.sample("y", dist.Normal(mu, 1.0 / jnp.sqrt(tau)), obs=y)
+
+
+def test_an_improper_conditional_is_an_error_not_the_safeguards_step(rng_key):
+    # The safeguard (the improved Gaussian step, or a halved rho) used to replace the invalid
+    # coordinate update by a valid q: a confident N(0, 0.71^2) on the one-variable model, no flag.
+    def single(c):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        numpyro.factor("push", 0.5 * c * mu**2)
+
+    for mode in ("global", "local"):
+        q = blrppl.VMP(single, mode=mode).run(rng_key, 5, jnp.asarray(0.5), progress_bar=False).posterior["mu"]
+        np.testing.assert_allclose(q.scale, np.sqrt(2.0), rtol=1e-12)  # precision 1 - 0.5
+        with pytest.raises(blrppl.ModelError, match="site 'mu': the ELBO has no maximum"):
+            blrppl.VMP(single, mode=mode).run(rng_key, 5, jnp.asarray(3.0), progress_bar=False)
+    y = jnp.asarray(np.random.default_rng(0).normal(size=20))
+    proper = blrppl.VMP(improper_conditional).run(rng_key, 50, jnp.asarray(3.0), y=y, progress_bar=False)
+    assert np.isfinite(proper.elbo[-1]) and not proper.flags
+    with pytest.raises(blrppl.ModelError, match="ELBO has no maximum: the coordinate update of one of"):
+        blrppl.VMP(improper_conditional).run(rng_key, 50, jnp.asarray(40.0), y=y, progress_bar=False)
+
+
+def test_an_improper_conditional_fails_its_data_set_alone_in_a_batch(rng_key):
+    def pushed_where_the_first_observation_is_positive(y=None):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        tau = numpyro.sample("tau", dist.Gamma(2.0, 1.0))
+        numpyro.factor("push", 20.0 * mu**2 * (y[0] > 0))
+        with numpyro.plate("N", 20):
+            numpyro.sample("y", dist.Normal(mu, 1.0 / jnp.sqrt(tau)), obs=y)
+
+    y = jnp.asarray(np.random.default_rng(0).normal(size=(2, 20))).at[:, 0].set(jnp.asarray([1.0, -1.0]))
+    engine = blrppl.VMP(pushed_where_the_first_observation_is_positive)
+    batch = engine.run_batched(rng_key, 50, y=y)
+    assert batch.failed.tolist() == [True, False]  # before: a flag only ("the ELBO was still rising")
+    assert "ELBO has no maximum" in batch[0].flags[0] and not batch[1].flags
+    single = engine.run(jax.random.fold_in(rng_key, 1), 50, y=y[1], progress_bar=False)
+    np.testing.assert_allclose(batch[1].elbo, single.elbo, rtol=1e-10)
