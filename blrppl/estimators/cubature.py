@@ -34,7 +34,9 @@ import numpy as np
 from jax.scipy.linalg import solve_triangular
 
 from blrppl._types import Array, PRNGKey
-from blrppl.estimators.gaussian import GaussianEstimator, flatten_blocks, is_full, loc_scale, natural_gradient
+from blrppl.estimators.gaussian import (
+    GaussianEstimator, curvature_term, flatten_blocks, is_full, loc_scale, natural_gradient,
+)
 
 MAX_CUBATURE_DIM = 4
 """The largest total dimension of a factor's Gaussian neighbours cubature takes (positive weights)."""
@@ -96,12 +98,14 @@ def cubature(
     sequential: bool = False,
     value_grad_hessian: Optional[Callable[[Array], tuple[Array, Array, Array]]] = None,
     at_mean: bool = False,
+    second_order: bool = True,
 ) -> GaussianEstimator:
     """Build the degree-5 cubature estimator (module docstring).
 
     Args:
       at_mean: one node at the mean with weight one instead: the delta
-        method (Newton steps) through the same ``value_grad_hessian``.
+        method (Newton steps) through the same ``value_grad_hessian``; its value with
+        ½ tr(H Σ) where ``second_order`` (see :func:`blrppl.estimators.delta.delta`).
       sequential: evaluate the nodes one at a time (``lax.map``) instead of
         batched (``vmap``): every LAPACK call in log f then stays unbatched
         (see :func:`blrppl.graph.jaxpr.lapack_primitives`).
@@ -169,6 +173,8 @@ def cubature(
             else:
                 nat_grads.append(natural_gradient(block, jnp.reshape(g, shape), jnp.reshape(jnp.diagonal(h), shape)))
             start += size
+        if at_mean and second_order:  # the delta method's second-order E_q[log f] (:func:`curvature_term`)
+            expected = expected + sum(curvature_term(b, n) for b, n in zip(blocks, nat_grads))
         return expected, jax.tree.unflatten(treedef, nat_grads)
 
     return GaussianEstimator(estimate=estimate, method="delta" if at_mean else "cubature")

@@ -1,9 +1,11 @@
 """The delta method for Gaussian q: Newton's method / the Laplace approximation.
 
 E_q[g] and E_q[H] are replaced by their values at the mean, g(m) and H(m), and
-E_q[log f] by log f(m) (Khan & Rue, Sec. 1.3.2 and 4.4). The natural gradient
-is then (g(m) - H(m) m, H(m) / 2), so a BLR step with ρ = 1 is a Newton step on
-log p̄ and its fixed point is the Laplace approximation. With a diagonal q only
+E_q[log f] by that of log f's quadratic expansion at m, log f(m) + ½ tr(H(m) Σ)
+(Khan & Rue, Sec. 1.3.2 and 4.4). The natural gradient is then
+(g(m) - H(m) m, H(m) / 2), so a BLR step with ρ = 1 is a Newton step on
+log p̄ and its fixed point is the Laplace approximation, where the ELBO is
+Laplace's evidence, log p̄(m) + ½ log det(2π Σ). With a diagonal q only
 the diagonal of H(m) is used (in both terms).
 """
 
@@ -20,6 +22,7 @@ from blrppl.estimators.gaussian import (
     GaussianEstimator,
     block_hessian,
     conditional,
+    curvature_term,
     flatten_blocks,
     is_full,
     joint_log_factor,
@@ -28,13 +31,13 @@ from blrppl.estimators.gaussian import (
 )
 
 
-def delta(*, separable: bool = False) -> GaussianEstimator:
+def delta(*, separable: bool = False, second_order: bool = True) -> GaussianEstimator:
     """Build the delta-method estimator (Khan & Rue, Eqs. 10-11 with E at the mean).
 
     .. math::
 
         \\hat g = \\big(g(m) - H(m)\\, m,\\; H(m) / 2\\big),
-        \\qquad \\text{value} = \\log f(m).
+        \\qquad \\text{value} = \\log f(m) + \\tfrac12 \\operatorname{tr}(H(m)\\, \\Sigma).
 
     ``mean`` may be one Gaussian block or a pytree of blocks (see
     :mod:`~blrppl.estimators.gaussian`); ``log_factor`` takes values shaped alike.
@@ -44,6 +47,8 @@ def delta(*, separable: bool = False) -> GaussianEstimator:
         (``NormalStats``) or one block (``MVNStats``); the Hessian blocks then
         cost one (resp. d) Hessian-vector products instead of the full n x n
         Hessian. Wrong answers if the promise is false.
+      second_order: the value with ½ tr(H(m) Σ) (:func:`~blrppl.estimators.gaussian.curvature_term`);
+        False gives log f(m) alone (a Newton start's guard: with the entropy it favours wide q).
 
     Returns:
       A :class:`GaussianEstimator` with ``method="delta"``; its ``estimate``
@@ -53,8 +58,8 @@ def delta(*, separable: bool = False) -> GaussianEstimator:
         >>> from blrppl.families.normal import NormalStats
         >>> mean = NormalStats(x=jax.numpy.array(1.0), x_sq=jax.numpy.array(2.0))
         >>> value, g = delta().estimate(None, mean, lambda x: -0.5 * (x - 3.0) ** 2)
-        >>> float(value), [float(v) for v in g]  # log f(m); (g - H m, H / 2) with H = -1
-        (-2.0, [3.0, -0.5])
+        >>> float(value), [float(v) for v in g]  # log f(m) + H v / 2; (g - H m, H / 2) with H = -1, v = 1
+        (-2.5, [3.0, -0.5])
     """
 
     def estimate(
@@ -75,6 +80,8 @@ def delta(*, separable: bool = False) -> GaussianEstimator:
                 for i, block in enumerate(blocks)
             ]
         nat_grads = [natural_gradient(b, g, h) for b, g, h in zip(blocks, grads, hessians)]
+        if second_order:
+            value = value + sum(curvature_term(b, n) for b, n in zip(blocks, nat_grads))
         return value, jax.tree.unflatten(treedef, nat_grads)
 
     return GaussianEstimator(estimate=estimate, method="delta")

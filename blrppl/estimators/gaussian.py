@@ -157,6 +157,20 @@ def natural_gradient(
     )
 
 
+def curvature_term(mean: GaussianStats, nat_grad: GaussianStats) -> Array:
+    """½ tr(H Σ) from a natural gradient of :func:`natural_gradient` (its second part is H / 2).
+
+    The delta method's E_q[log f] to second order, log f(m) + ½ tr(H(m) Σ): the
+    expectation of log f's quadratic expansion at m, whose gradient in μ (H held)
+    is the delta method's site parameter. Without it the delta ELBO is log f(m)
+    plus the entropy, which grows with Σ: an ELBO guard then rejects the
+    Newton steps that shrink Σ to -H⁻¹, and Laplace's fixed point is never reached.
+    """
+    if is_full(mean):
+        return jnp.sum(nat_grad.xxT * (mean.xxT - common.outer(mean.x)))
+    return jnp.sum(nat_grad.x_sq * (mean.x_sq - mean.x * mean.x))
+
+
 def total_log_factor(
     log_factor: Callable[[Array], ArrayLike],
 ) -> Callable[[Array], Array]:

@@ -44,6 +44,8 @@ def hybrid_estimator(
     uncertain: Sequence[str],
     method: str,
     num_samples: int,
+    *,
+    second_order: bool = True,
 ) -> FactorEstimator:
     """Build the estimator, or raise :class:`NonConjugate` when no split works.
 
@@ -53,6 +55,7 @@ def hybrid_estimator(
       method: for U, as in :func:`~blrppl.estimators.nonconjugate.expectation_over`;
         ``"auto"`` is Gauss-Hermite for one scalar (or d <= 2) Gaussian U, else
         Monte Carlo.
+      second_order: as in :func:`~blrppl.estimators.nonconjugate.expectation_over`.
     """
     node = graph.factors[factor]
     uncertain = tuple(uncertain)
@@ -83,7 +86,7 @@ def hybrid_estimator(
     needed = {p: stats_needed(terms.terms, p) for p in points + uncertain}
     if method == "auto":
         method = _auto(qs, uncertain)
-    expectation = expectation_over(factor, qs, uncertain, method, num_samples)
+    expectation = expectation_over(factor, qs, uncertain, method, num_samples, second_order=second_order)
 
     def estimate(rng_key, mean, params, arrays, batch=None):
         refuse_minibatch(factor, batch)

@@ -157,7 +157,10 @@ def nonconjugate_estimator(
                 "that touch each time step separately (observation factors). Keep the transitions "
                 "linear-Gaussian."
             )
-    expectation = expectation_over(factor, qs, neighbours, method, num_samples, sequential=sequential)
+    second_order = reason != "start"  # a Newton start keeps the first-order value (expectation_over)
+    expectation = expectation_over(
+        factor, qs, neighbours, method, num_samples, sequential=sequential, second_order=second_order
+    )
     if plate is not None:
         log_rows = factor_log_density(
             graph, factor, transforms, fixed, use_canonical=False, observation_plate=plate, subsample=plate
@@ -213,7 +216,9 @@ def _enumerated_estimator(graph, factor, qs, examples, method, num_samples, disc
         )
     expectation = None
     if continuous:
-        expectation = expectation_over(factor, qs, continuous, method, num_samples, sequential=sequential)
+        expectation = expectation_over(
+            factor, qs, continuous, method, num_samples, sequential=sequential, second_order=reason != "start"
+        )
     enumerated = enumerated_expectation(qs, enumeration, expectation, sequential=sequential)
     positions = None if enumeration.positions is None else {v: jnp.asarray(p) for v, p in enumeration.positions.items()}
 
@@ -263,6 +268,7 @@ def expectation_over(
     num_samples: int,
     *,
     sequential: bool = False,
+    second_order: bool = True,
 ) -> Callable:
     """``(rng_key, mean, log_f, value_grad_hessian=None) -> (E_q[log_f], {v: ∇_μv E_q[log_f]})``.
 
@@ -274,11 +280,15 @@ def expectation_over(
     (``lax.map``): ``log_f`` calls LAPACK. ``value_grad_hessian`` (cubature
     and delta) replaces autodiff of ``log_f`` on the flat vector of the Gaussian
     variables, in sorted order (:func:`~blrppl.estimators.cubature.cubature`).
+    ``second_order``: the delta method's value is log f(m) + ½ tr(H Σ) (consistent with its
+    site parameters: Laplace's evidence at the fixed point); without, log f(m), the value of a
+    Newton start, whose ELBO guard then keeps q wide (a funnel's mode, where the scale
+    collapses, is not approached; see :func:`blrppl.estimators.delta.delta`).
     """
     gaussians = tuple(v for v in variables if qs[v].family.gaussian)
     others = tuple(v for v in variables if v not in gaussians)
     if method == "delta":
-        gaussian = delta()
+        gaussian = delta(second_order=second_order)
     elif method == "mc":
         hessian = "reparam" if _small(qs, gaussians) else "first_order"
         gaussian = monte_carlo(num_samples, hessian=hessian, sequential=sequential)
@@ -304,7 +314,10 @@ def expectation_over(
             value, grad = gaussian.estimate(rng_key, marginal[v], lambda x: log_f({v: x}))
             grads = {v: grad}
         elif value_grad_hessian is not None:
-            rule = cubature(sequential=sequential, value_grad_hessian=value_grad_hessian, at_mean=method == "delta")
+            rule = cubature(
+                sequential=sequential, value_grad_hessian=value_grad_hessian, at_mean=method == "delta",
+                second_order=second_order,
+            )
             value, grads = rule.estimate(rng_key, marginal, log_f)
         else:
             value, grads = gaussian.estimate(rng_key, marginal, log_f)

@@ -229,7 +229,9 @@ def delta_estimator(
     plate = estimator.subsample
     if method.exact:
         try:
-            return hybrid_estimator(graph, name, qs, examples, params, method.estimated, "delta", num_samples)
+            return hybrid_estimator(
+                graph, name, qs, examples, params, method.estimated, "delta", num_samples, second_order=False
+            )
         except (NonConjugate, ModelError):
             return None
     start = nonconjugate_estimator(graph, name, qs, examples, "delta", num_samples, "start", plate)

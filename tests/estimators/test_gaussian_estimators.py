@@ -148,7 +148,10 @@ def test_delta_equals_newton_for_a_diagonal_q():
     )(m)
     value, nat_grad = _run(delta(), mean, log_factor)
     _assert_tree_close(nat_grad, NormalStats(x=g - h * m, x_sq=h / 2))
-    np.testing.assert_allclose(value, cheap_jit(log_factor)(m), rtol=1e-12)
+    # E_q of log f's quadratic expansion at m: log f(m) + tr(H S) / 2 (the diagonal of H here)
+    np.testing.assert_allclose(value, cheap_jit(log_factor)(m) + 0.5 * np.sum(h * 0.4), rtol=1e-12)
+    first_order, _ = _run(delta(second_order=False), mean, log_factor)  # a Newton start's value
+    np.testing.assert_allclose(first_order, cheap_jit(log_factor)(m), rtol=1e-12)
 
 
 @pytest.mark.parametrize("separable", [False, True])
