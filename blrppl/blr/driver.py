@@ -286,7 +286,8 @@ def _hits(algorithm, info, elbo, previous, hits, threshold):
     else:
         checked = jnp.isfinite(elbo) & jnp.isfinite(previous)
         relative = jnp.where(threshold >= 0, jnp.maximum(threshold, elbo_resolution(elbo.dtype)), threshold)
-        passed = jnp.abs(elbo - previous) <= relative * jnp.abs(elbo)
+        # (no tol: never; an ELBO of exactly 0 would pass 0 <= -1 * 0 otherwise)
+        passed = (threshold >= 0) & (jnp.abs(elbo - previous) <= relative * jnp.abs(elbo))
     return jnp.where(checked, jnp.where(passed, hits + 1, 0), hits)
 
 

@@ -71,3 +71,13 @@ def test_a_tol_below_the_elbos_resolution_is_raised_to_it_and_said_so():
     record = Convergence.of(True, 1e-8, 13, False, elbo_dtype=jnp.float32)
     assert "raised" in record.reason and "float32" in record.reason
     assert "raised" not in Convergence.of(True, 1e-8, 13, False, elbo_dtype=jnp.float64).reason
+
+
+def test_without_tol_a_run_takes_every_step_even_at_an_elbo_of_zero(rng_key):
+    # |0 - 0| <= -1 * |0| held (the no-tol threshold is -1), so a fit whose ELBO is exactly 0
+    # (Laplace on a prior alone: its evidence) stopped after two steps, reported as "no tol given".
+    def prior_only():
+        numpyro.sample("mu", dist.Normal(0.0, 1.0))
+
+    result = blrppl.Laplace(prior_only).run(rng_key, 7, progress_bar=False)
+    assert len(result.elbo) == 7 and np.all(result.elbo == 0.0)
