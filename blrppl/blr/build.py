@@ -98,6 +98,13 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     # no safeguard, which would replace it by a valid q: a confident wrong answer).
     unit_rate = not callable(config.learning_rate) and float(config.learning_rate) == 1.0
     exact_targets = exact_target_variables(plan) if sub is None else frozenset()
+    # With deterministic estimated site parameters a fixed point has λ = Σ_f λ̃_f, a valid q: a
+    # last target outside the family (the safeguard's step taken instead) is flagged. Chains
+    # are left out (their check is a forward pass).
+    checked_targets = frozenset(
+        v for v in ordered
+        if guard and mode == "global" and v not in exact_targets and not qs[v].family.chain
+    )
 
     def batch_of(state: BLRState, t: jax.Array) -> Optional[jax.Array]:
         if sub is None:
@@ -132,8 +139,9 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
 
     def apply(v, natural, sites, known, site_messages, r, batch):
         """Update one variable from its factors' site parameters; ``known[v]``: ``(μ, A, rejected,
-        unbounded)`` of its new λ where the update checked it (``unbounded``: for an exact target,
-        whether it is outside the family; else None)."""
+        unbounded, off_target)`` of its new λ where the update checked it (``unbounded``: for an
+        exact target, whether it is outside the family; ``off_target``: the same for a checked
+        estimated one; else None)."""
         plain = exact or (unit_rate and v in exact_targets)  # the posterior (coordinate maximum) or nothing
         messages_v = list(site_messages.values())
 
@@ -142,6 +150,9 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
                 return None
             return rejected if unit_rate else ~is_valid_natural(qs[v].family, tree_sum(messages_v))
 
+        def off_target():
+            return ~is_valid_natural(qs[v].family, tree_sum(messages_v)) if v in checked_targets else None
+
         if v in local:  # ρ = 1 on the minibatch rows: the exact local step (Sec. 5.3)
             axis = sub.local_axes[v]
             target = tree_sum(messages_v)
@@ -149,10 +160,10 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         elif mode == "global" and qs[v].family.checked_moments is not None:
             # Eq. 58; the new λ's validity and its moments (the ELBO's) from one pass (chains).
             natural[v], rejected, moments_v = checked_global_update(qs[v].family, natural[v], messages_v, r, plain=plain)
-            known[v] = (*moments_v, rejected, unbounded(rejected))
+            known[v] = (*moments_v, rejected, unbounded(rejected), None)
         elif mode == "global":
             natural[v], rejected = safe_global_update(qs[v].family, natural[v], messages_v, r, plain=plain)  # Eq. 58
-            known[v] = (None, None, rejected, unbounded(rejected))
+            known[v] = (None, None, rejected, unbounded(rejected), off_target())
         else:
             current = {f: sites[f][v] for f in site_messages}
             natural[v], new = local_update(current, site_messages, r)  # Eq. 60
@@ -160,12 +171,13 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
                 sites[f][v] = site
             if plain or v in exact_targets:
                 rejected = ~is_valid_natural(qs[v].family, natural[v]) if plain else None
-                known[v] = (None, None, rejected, unbounded(rejected))
+                known[v] = (None, None, rejected, unbounded(rejected), None)
         return natural, sites, known
 
     def update(rng_key, natural, sites, known, params, arrays, variables, r, batch):
-        """One update of ``variables``; ``known`` gathers ``(μ, A, rejected, unbounded)`` of the variables
-        whose new λ came with them (each variable is updated once per step, so they stay its own)."""
+        """One update of ``variables``; ``known`` gathers ``(μ, A, rejected, unbounded, off_target)``
+        of the variables whose new λ came with them (each variable is updated once per step, so
+        they stay its own)."""
         natural, sites, known = dict(natural), {f: dict(s) for f, s in sites.items()}, dict(known)
         if incremental is not None:
             for i, v in enumerate(variables):
@@ -223,6 +235,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             average=natural if average else None,
             rng_key=run_key,
             anchor=natural if average else None,
+            off_target=jnp.zeros((), bool) if checked_targets else None,
         )
         if guard:
             state = state._replace(elbo=elbo(jax.random.fold_in(init_key, 3), state, arrays))
@@ -249,6 +262,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         rejected = [k[2] for k in known.values() if k[2] is not None]
         unbounded = [k[3] for k in known.values() if k[3] is not None]
         unbounded = jnp.any(jnp.stack(unbounded)) if unbounded else jnp.zeros((), bool)
+        off = [k[4] for k in known.values() if k[4] is not None]
         known = {v: k[:2] for v, k in known.items() if k[0] is not None}
         if known or m_step is not None:
             missing = moments(qs, {v: lam for v, lam in natural.items() if v not in known})
@@ -259,6 +273,8 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             params = m_step(m_key, natural, params, arrays, {v: m for v, (m, _) in known.items()})
         running = polynomial_average(state.average, natural, t) if average else state.average
         new_state = state._replace(natural=natural, site_params=sites, params=params, step=t, average=running)
+        if state.off_target is not None:  # a state made by ``finish`` carries it (a Newton start's does not)
+            new_state = new_state._replace(off_target=jnp.any(jnp.stack(off)) if off else jnp.zeros((), bool))
         value = elbo(elbo_key, new_state, arrays, batch, known)
         taken = ~jnp.any(jnp.stack(rejected)) if rejected else jnp.ones((), bool)
         return new_state._replace(elbo=value if guard else None), value, taken, unbounded

@@ -109,6 +109,27 @@ _MAX_PROGRAMS = 32
 CLIMB_MIN_STEPS = 40
 
 
+def off_target(state: Any) -> tuple[str, ...]:
+    """A flag when the last step's target Σ_f λ̃_f was outside some q's family (``state.off_target``).
+
+    At a fixed point of the rule λ = Σ_f λ̃_f(μ), a valid q; a target outside
+    the family was replaced by the safeguard's step (the improved Gaussian step,
+    a halved ρ), so q is not a fixed point. With the delta method (``Laplace``)
+    the Hessian of the log density at the mean is then not negative definite:
+    the mean is no mode (the density may have none: an improper posterior).
+    """
+    flag = getattr(state, "off_target", None)
+    if flag is None or not bool(np.any(np.asarray(flag))):
+        return ()
+    return (
+        "the last step's target (the sum of the site parameters) was not a valid q, so the safeguard's "
+        "step was taken and q is not a fixed point of the rule; with the delta method (Laplace) the log "
+        "density's Hessian at q's mean is not negative definite: the mean is not a mode (the posterior "
+        "may have none: an improper posterior, e.g. a factor that grows like exp(c x^2)); run longer with "
+        "tol=... and, if this stays, check the model's factors and priors",
+    )
+
+
 def steady_climb(elbo: Any, stopped: bool) -> tuple[str, ...]:
     """A flag when an unfinished run's ELBO was still rising at an undiminished rate.
 

@@ -19,7 +19,7 @@ import numpy as np
 from blrppl.blr import driver
 from blrppl.blr.build import build_blr
 from blrppl.blr.checks import (
-    boundary_estimates, fell_from_best, fit_error, steady_climb, vanishing_sites,
+    boundary_estimates, fell_from_best, fit_error, off_target, steady_climb, vanishing_sites,
 )
 from blrppl.blr.config import Config
 from blrppl.blr.plan import Plan, make_plan
@@ -110,7 +110,7 @@ class Engine:
         natural = jax.tree.map(np.asarray, state.natural if natural is None else natural)  # read once
         deterministic = not noisy and plan.subsample is None
         fell = fell_from_best(plan.qs, natural, elbo) if deterministic else ()
-        return fell or (steady_climb(elbo, stopped) + vanishing_sites(plan.qs, natural))
+        return off_target(state) + (fell or (steady_climb(elbo, stopped) + vanishing_sites(plan.qs, natural)))
 
     def batch_member_flags(
         self, plan: Plan, state: Any, elbo: np.ndarray, stopped: bool, noisy: bool, natural: Any = None

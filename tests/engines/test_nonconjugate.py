@@ -115,6 +115,20 @@ def test_the_laplace_elbo_of_a_gaussian_model_is_its_log_evidence(rng_key):
     np.testing.assert_allclose(result.elbo[-1], log_evidence, rtol=1e-12)
 
 
+def test_laplace_on_a_density_without_a_mode_is_flagged(rng_key):
+    # exp(-mu^2/2 + c mu^2/2) has no mode for c > 1: each Newton target is outside the family and
+    # the safeguard's step wanders (the scale reached 64 in 100 steps) with no word before.
+    def pushed(c):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        numpyro.factor("push", 0.5 * c * mu**2)
+
+    fine = blrppl.Laplace(pushed).run(rng_key, 20, jnp.asarray(0.5), progress_bar=False)
+    np.testing.assert_allclose(fine.posterior["mu"].scale, np.sqrt(2.0), rtol=1e-12)
+    assert not fine.flags
+    flagged = blrppl.Laplace(pushed).run(rng_key, 20, jnp.asarray(3.0), progress_bar=False)
+    assert any("the mean is not a mode" in flag for flag in flagged.flags)
+
+
 def test_blocks_keep_correlations_between_sites(rng_key):
     entry = ZOO["eight_schools_noncentered"]
     args, kwargs = entry.data()
