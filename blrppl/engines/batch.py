@@ -64,9 +64,10 @@ def _array_shapes(model_args: tuple, model_kwargs: dict) -> list[tuple[str, tupl
 
 
 def data_set(model_args: tuple, model_kwargs: dict, index: int) -> tuple[tuple, dict]:
-    """Data set ``index`` of a batch: every array argument indexed on its first axis."""
+    """Data set ``index`` of a batch: every array argument indexed on its first axis (a row of a
+    (B,) argument stays a 0-d array, not a numpy scalar, which a plan would take as a constant)."""
     data = split_model_data(model_args, model_kwargs)
-    return data.rebuild([np.asarray(a)[index] for a in data.arrays])
+    return data.rebuild([np.asarray(np.asarray(a)[index]) for a in data.arrays])
 
 
 def run_batched(

@@ -154,3 +154,18 @@ def test_an_improper_posterior_from_a_proper_prior_is_an_error_not_a_safe_step()
     np.testing.assert_allclose(q.scale, np.sqrt(2.0), rtol=1e-12)
     with pytest.raises(blrppl.ModelError, match="exact posterior .* is not a valid q"):
         run(model, jnp.asarray(3.0))
+
+
+def test_a_batched_argument_of_one_number_per_data_set_is_data_not_a_constant(rng_key):
+    # A (B,) argument gave each data set a numpy scalar, which planning took as a constant: the
+    # batched replanning then read its inputs one place off (a bare einsum ValueError).
+    def pushed(c, y=None):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        numpyro.factor("push", 0.5 * c * mu**2)
+        with numpyro.plate("N", 20):
+            numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+    y = jnp.asarray(np.random.default_rng(0).normal(size=(2, 20)))
+    batch = blrppl.ConjugateBayes(pushed).run_batched(rng_key, 1, jnp.asarray([0.5, 0.2]), y=y)
+    for c, result in zip((0.5, 0.2), batch):
+        np.testing.assert_allclose(result.posterior["mu"].scale, (21.0 - c) ** -0.5, rtol=1e-12)  # 1 + 20 - c
