@@ -98,12 +98,14 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     # no safeguard, which would replace it by a valid q: a confident wrong answer).
     unit_rate = not callable(config.learning_rate) and float(config.learning_rate) == 1.0
     exact_targets = exact_target_variables(plan) if sub is None else frozenset()
-    # With deterministic estimated site parameters a fixed point has λ = Σ_f λ̃_f, a valid q: a
-    # last target outside the family (the safeguard's step taken instead) is flagged. Chains
-    # are left out (their check is a forward pass).
+    # With the delta method (Newton steps: Laplace) a fixed point has λ = Σ_f λ̃_f, a valid q, at
+    # a mode: a last target outside the family (the safeguard's step taken instead) is flagged.
+    # Other estimators are left out (on a small model the check's few operations per step cost
+    # a fifth of the step), and so are chains (their check is a forward pass).
+    newton_steps = guard and all(e.method.estimator == "delta" for e in plan.estimators if e.method.estimated)
     checked_targets = frozenset(
         v for v in ordered
-        if guard and mode == "global" and v not in exact_targets and not qs[v].family.chain
+        if newton_steps and mode == "global" and v not in exact_targets and not qs[v].family.chain
     )
 
     def batch_of(state: BLRState, t: jax.Array) -> Optional[jax.Array]:
