@@ -12,8 +12,8 @@ settles for Laplace) and returns the state and
 
 the log density of u and y that the grid integrates. For an exact conditional
 the ELBO is log p(y | h) + log p(h) exactly (Khan & Rue, Sec. 5.1); for
-Laplace it is log p(y, m | h) + log p(h) + H[q], and Laplace's approximation
-of the evidence is that minus d/2 (d the dimension of the Gaussian).
+Laplace it is Laplace's approximation of it, log p(y, m | h) + log p(h) +
+½ log det(2π Σ) (the delta method's E_q[log f] is log f(m) + ½ tr(H Σ)).
 Everything is differentiable in u (forward mode through the inner loop), and
 u enters only through ``arrays.params``, so ``jax.vmap`` over u evaluates a
 grid with one compiled program.
@@ -120,7 +120,6 @@ class Conditional:
       num_steps: the most BLR steps per fit (1 for an exact conditional).
       tol: an iterative fit stops once its ELBO changes by less than
         ``tol * (1 + |ELBO|)``.
-      offset: subtracted from the ELBO to give the evidence (Laplace: d/2).
     """
 
     plan: Plan
@@ -128,7 +127,6 @@ class Conditional:
     space: HyperSpace
     num_steps: int
     tol: float
-    offset: float
 
     def with_hyper(self, u: jax.Array, arrays: Any) -> Any:
         """The plan's arrays with h(u) as the held point estimates."""
@@ -160,7 +158,7 @@ class Conditional:
 
             start = (steps, state, elbo, jnp.asarray(jnp.inf, elbo.dtype))
             steps, state, elbo, _ = jax.lax.while_loop(cond, body, start)
-        return state, elbo - self.offset + self.space.log_jacobian(u), steps
+        return state, elbo + self.space.log_jacobian(u), steps
 
     def log_joint(self, u: jax.Array, arrays: Any) -> jax.Array:
         """log p(y, u): the evidence of the conditional fit plus log p(h) and the log-Jacobian."""
@@ -172,8 +170,6 @@ def build_conditional(plan: Plan, config: Config, sites: tuple, inner: str, num_
     algorithm = build_blr(plan, config, fixed_params=True)
     space = hyper_space(plan, sites)
     if inner == "exact":
-        return Conditional(plan, algorithm, space, 1, tol, 0.0)
-    if inner == "vi":  # the ELBO itself stands in for log p(y | h)
-        return Conditional(plan, algorithm, space, int(num_steps), float(tol), 0.0)
-    dim = sum(int(math.prod(q.shape)) for q in plan.qs.values())
-    return Conditional(plan, algorithm, space, int(num_steps), float(tol), 0.5 * dim)
+        return Conditional(plan, algorithm, space, 1, tol)
+    # Laplace: its ELBO is Laplace's evidence; VI: the ELBO itself stands in for log p(y | h)
+    return Conditional(plan, algorithm, space, int(num_steps), float(tol))
