@@ -346,6 +346,12 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             skip=plan.imputed, rows=plan.orphans, known=known, estimates=estimates,
         )
 
+    def unbounded_sites(state: BLRState, arrays: Any) -> jax.Array:
+        """Whether each exact target (sorted) at ``state`` is outside its family (an error's names)."""
+        names = sorted(exact_targets)
+        msgs = messages(jax.random.fold_in(state.rng_key, state.step), state.natural, state.params, arrays, names, None)
+        return jnp.stack([~is_valid_natural(qs[v].family, tree_sum(list(msgs[v].values()))) for v in names])
+
     sequential = any(est.sequential for est in estimators)
     # Restarts share ``finish`` with the plain start unless the plain start alone takes Newton steps.
     shared = newton_start is None and not random_starts
@@ -353,6 +359,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         init=init, step=step, elbo=lambda k, s, a: elbo(k, s, a), noisy=average, sequential=sequential,
         start=start if shared else None, finish=finish if shared else None, exact=exact,
         blank=(lambda arrays: placeholder_natural(qs, arrays)) if exact else None, exact_targets=exact_targets,
+        unbounded_sites=unbounded_sites if exact_targets else None,
     )
 
 

@@ -11,7 +11,7 @@ it is no lower there, the estimate is flagged.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -317,18 +317,22 @@ def invalid_exact_posterior_error(qs: Mapping[str, Any], elbo: Any) -> Any:
     )
 
 
-def fit_error(qs: Mapping[str, Any], natural: Mapping[str, Any], elbo: Any, exact: bool, exact_targets: Any) -> Any:
+def fit_error(
+    qs: Mapping[str, Any], natural: Mapping[str, Any], elbo: Any, exact: bool, exact_targets: Any,
+    culprits: Optional[Callable[[], list]] = None,
+) -> Any:
     """Why a finished fit is not an answer, as a :class:`~blrppl.ModelError`, or None: an exact
     run's rejected posterior (``exact``), an ELBO without a maximum (``exact_targets``:
-    ``InferenceAlgorithm.exact_targets``), or a divergence (:func:`improper_posterior_error`)."""
+    ``InferenceAlgorithm.exact_targets``; ``culprits``: see :func:`unbounded_elbo_error`), or a
+    divergence (:func:`improper_posterior_error`)."""
     return (
         (invalid_exact_posterior_error(qs, elbo) if exact else None)
-        or unbounded_elbo_error(exact_targets, elbo)
+        or unbounded_elbo_error(exact_targets, elbo, culprits)
         or improper_posterior_error(qs, natural, elbo)
     )
 
 
-def unbounded_elbo_error(targets: Any, elbo: Any) -> Any:
+def unbounded_elbo_error(targets: Any, elbo: Any, culprits: Optional[Callable[[], list]] = None) -> Any:
     """A :class:`~blrppl.ModelError` when a fit's last step found the ELBO without a maximum, else None.
 
     With exact site parameters and ρ = 1, a variable's step is its coordinate
@@ -338,12 +342,14 @@ def unbounded_elbo_error(targets: Any, elbo: Any) -> Any:
     conditional posterior of the variable is improper and VI has no solution.
     The step reports +inf, the supremum (``InferenceAlgorithm.exact_targets``:
     ``targets``); the safeguard's valid replacement would be a confident wrong
-    answer.
+    answer. ``culprits``: called only when the error is raised, the variables whose
+    target is outside the family at the fit's last state, to name them (else every
+    candidate is named).
     """
     elbo = np.asarray(elbo)
     if not targets or not elbo.size or float(elbo[-1]) != np.inf:
         return None
-    names = sorted(targets)
+    names = (culprits() if culprits is not None else None) or sorted(targets)
     which = repr(names[0]) if len(names) == 1 else f"one of {names}"
     return ModelError(
         f"site {names[0]!r}: the ELBO has no maximum: the coordinate update of {which} (the sum of its "

@@ -92,7 +92,9 @@ class InferenceAlgorithm(NamedTuple):
     ``exact_targets``: the variables whose step is their exact coordinate maximum
     (ρ = 1, every site parameter exact): a step whose target for one of them is
     outside its family reports an ELBO of +inf, its supremum
-    (:func:`blrppl.blr.checks.unbounded_elbo_error`).
+    (:func:`blrppl.blr.checks.unbounded_elbo_error`); ``unbounded_sites(state,
+    arrays)``: whether each of them (sorted by name) has its target outside the
+    family at ``state``, to name it in that error.
     ``arrays`` is the plan's data
     (:class:`~blrppl.estimators.base.PlanArrays`), an argument so that one
     compiled program fits any data set of the same shapes.
@@ -108,3 +110,4 @@ class InferenceAlgorithm(NamedTuple):
     exact: bool = False
     blank: Optional[Callable[[Any], Any]] = None
     exact_targets: frozenset = frozenset()
+    unbounded_sites: Optional[Callable[[BLRState, Any], jax.Array]] = None

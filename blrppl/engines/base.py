@@ -200,7 +200,7 @@ class Engine:
             state, elbo, stopped = driver.run(
                 algorithm, rng_key, num_steps, plan.arrays, init_state=init_state, tol=tol, progress_bar=progress_bar
             )
-        check_finite(plan, state, elbo, algorithm.exact, algorithm.exact_targets)
+        check_finite(plan, state, elbo, algorithm)
         convergence = Convergence.of(stopped, tol, len(elbo), algorithm.noisy, algorithm.exact, elbo.dtype)
         flags = self._flags(plan, state, elbo, bool(stopped), algorithm.noisy)
         return BLRResult(plan=plan, state=state, elbo=elbo, mode=self.mode, convergence=convergence, flags=flags)
@@ -227,9 +227,7 @@ class Engine:
         result = self.best_of_restarts(plan, states, np.asarray(elbo), np.asarray(num_run), np.asarray(stopped), tol)
         if result is None:  # every restart diverged: say why, for the first
             num_run = np.asarray(num_run)
-            check_finite(
-                plan, jax.tree.map(lambda a: a[0], states), elbo[0, : num_run[0]], algorithm.exact, algorithm.exact_targets
-            )
+            check_finite(plan, jax.tree.map(lambda a: a[0], states), elbo[0, : num_run[0]], algorithm)
             raise ModelError(f"site {next(iter(plan.qs))!r}: every restart diverged; check the model and data.")
         return result
 
@@ -305,16 +303,25 @@ class Engine:
         return result.guide()
 
 
-def check_finite(plan: Plan, state: Any, elbo: jax.Array, exact: bool = False, exact_targets: Any = ()) -> None:
+def check_finite(plan: Plan, state: Any, elbo: jax.Array, algorithm: Optional[InferenceAlgorithm] = None) -> None:
     """A run that diverged (q or the ELBO not finite, an ELBO without bound), an exact run
-    whose posterior is not a valid q (``exact``), or a run whose last step found the ELBO
-    without a maximum (``exact_targets``: ``InferenceAlgorithm.exact_targets``) is an error.
+    whose posterior is not a valid q (``algorithm.exact``), or a run whose last step found the
+    ELBO without a maximum (``algorithm.exact_targets``, named by ``algorithm.unbounded_sites``)
+    is an error.
 
     Raises:
       ModelError: naming the site (see :func:`blrppl.blr.checks.improper_posterior_error`,
         :func:`~blrppl.blr.checks.invalid_exact_posterior_error` and
         :func:`~blrppl.blr.checks.unbounded_elbo_error`).
     """
-    error = fit_error(plan.qs, state.natural, elbo, exact, exact_targets)
+    exact, targets = (algorithm.exact, algorithm.exact_targets) if algorithm is not None else (False, ())
+    error = fit_error(plan.qs, state.natural, elbo, exact, targets, lambda: _culprits(algorithm, state, plan.arrays))
     if error is not None:
         raise error
+
+
+def _culprits(algorithm: InferenceAlgorithm, state: Any, arrays: Any) -> list:
+    """The exact-target variables whose target at ``state`` is outside the family (only where the
+    ELBO has no maximum: a program compiled for the error's message)."""
+    verdicts = np.asarray(jax.jit(algorithm.unbounded_sites)(state, arrays))
+    return [v for v, bad in zip(sorted(algorithm.exact_targets), verdicts) if bad]
