@@ -148,9 +148,9 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         messages_v = list(site_messages.values())
 
         def unbounded(rejected):
-            if v not in exact_targets:
-                return None
-            return rejected if unit_rate else ~is_valid_natural(qs[v].family, tree_sum(messages_v))
+            if v not in exact_targets or (not unit_rate and qs[v].family.chain):
+                return None  # (at ρ < 1 a chain's check would be a forward pass per step)
+            return rejected if unit_rate else ~jnp.all(qs[v].family.is_valid(tree_sum(messages_v)))
 
         def off_target():
             return ~is_valid_natural(qs[v].family, tree_sum(messages_v)) if v in checked_targets else None
