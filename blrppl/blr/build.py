@@ -304,6 +304,8 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
                 retry,
                 (jnp.zeros((), jnp.int32), state, jnp.asarray(state.elbo), r, jnp.zeros((), bool)),
             )
+            if new_state.off_target is not None:  # every halving collapsed too: the step is not the rule's
+                new_state = new_state._replace(off_target=new_state.off_target | (collapsed(value) & ~unbounded))
         else:
             new_state, value, taken, unbounded = attempt(state, arrays, r)
         if newton and newton_size(state.natural) <= MAX_NEWTON_SIZE:

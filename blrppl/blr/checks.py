@@ -110,23 +110,28 @@ CLIMB_MIN_STEPS = 40
 
 
 def off_target(state: Any) -> tuple[str, ...]:
-    """A flag when the last step's target Σ_f λ̃_f was outside some q's family (``state.off_target``).
+    """A flag when the last step was not the rule's (``state.off_target``): its target Σ_f λ̃_f
+    was outside some q's family, or the ELBO guard rejected every halving of it.
 
     At a fixed point of the rule λ = Σ_f λ̃_f(μ), a valid q; a target outside
     the family was replaced by the safeguard's step (the improved Gaussian step,
     a halved ρ), so q is not a fixed point. With the delta method (``Laplace``)
     the Hessian of the log density at the mean is then not negative definite:
-    the mean is no mode (the density may have none: an improper posterior).
+    the mean is no mode (the density may have none: an improper posterior). A
+    Newton step the guard rejects at every ρ (the delta ELBO, log f(m) + ½ tr(H Σ),
+    peaks away from the mode where log p is skewed) leaves q creeping, short of
+    Laplace's point.
     """
     flag = getattr(state, "off_target", None)
     if flag is None or not bool(np.any(np.asarray(flag))):
         return ()
     return (
-        "the last step's target (the sum of the site parameters) was not a valid q, so the safeguard's "
-        "step was taken and q is not a fixed point of the rule; with the delta method (Laplace) the log "
-        "density's Hessian at q's mean is not negative definite: the mean is not a mode (the posterior "
-        "may have none: an improper posterior, e.g. a factor that grows like exp(c x^2)); run longer with "
-        "tol=... and, if this stays, check the model's factors and priors",
+        "the last step was not the rule's: its target (the sum of the site parameters) was not a valid q, "
+        "or the ELBO guard rejected every halving of it; q is not a fixed point of the rule, and with the "
+        "delta method (Laplace) the mean is not a mode (its Hessian is not negative definite, the posterior "
+        "may have none, e.g. a factor that grows like exp(c x^2); or the Newton steps stall where the log "
+        "density is skewed); run longer with tol=..., and if this stays, check the model's factors and "
+        "priors, or fit with NonConjugateVI",
     )
 
 
