@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from blrppl.blr.config import AUTO_NOISY_RATE, Config
-from blrppl.blr.elbo import elbo_terms, mean_params, moments
+from blrppl.blr.elbo import elbo_terms, log_joint_at_mean, mean_params, moments
 from blrppl.blr.incremental import build_store
 from blrppl.blr.minibatch import batch_key, minibatch, put_rows, take_rows
 from blrppl.blr.mstep import build_m_step
@@ -31,6 +31,7 @@ from blrppl.blr.schedules import as_schedule
 from blrppl.blr.starts import initial_natural, placeholder_natural
 from blrppl.blr.state import BLRInfo, BLRState, InferenceAlgorithm
 from blrppl.blr.update import checked_global_update, is_valid_natural, local_update, safe_global_update, tree_sum
+from blrppl.estimators.gaussian import has_point_mass
 from blrppl.families import kl_divergence
 
 AVERAGE_POWER = 3.0
@@ -103,6 +104,9 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     # Other estimators are left out (on a small model the check's few operations per step cost
     # a fifth of the step), and so are chains (their check is a forward pass).
     newton_steps = guard and all(e.method.estimator == "delta" for e in plan.estimators if e.method.estimated)
+    # Where every factor is by the delta method the guard judges a step by log p̄(m), the
+    # objective Newton's method climbs, not by the delta ELBO (see :func:`judged_by_mode`).
+    by_mode = guard and sub is None and mode == "global" and judged_by_mode(plan)
     checked_targets = frozenset(
         v for v in ordered
         if newton_steps and mode == "global" and v not in exact_targets and not qs[v].family.chain
@@ -287,25 +291,32 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             # A step whose (exact) ELBO collapses is retried with ρ/2, ρ/4, ...
             # The first attempt runs inside the loop too: the step is traced
             # (and compiled) once, not twice.
-            def collapsed(value):
-                drop = state.elbo - value
-                return ~jnp.isfinite(value) | (drop > slack * (1.0 + jnp.abs(state.elbo)))
+            # The guard's objective: the ELBO, or log p̄(m) with ``by_mode`` (Newton steps, or the
+            # safeguard's step in their place, whose mean moves along Λ_new⁻¹ ∇log p̄ too).
+            before = merit_of(state.rng_key, state.natural, state.params, arrays) if by_mode else state.elbo
+
+            def collapsed(value, merit):
+                drop = before - merit
+                return ~jnp.isfinite(value) | ~jnp.isfinite(merit) | (drop > slack * (1.0 + jnp.abs(before)))
 
             # An unbounded ELBO (an exact target outside its family) is the model's, not the
             # step size's: it is not retried.
             def retry(carry):
-                k, _, _, _, _ = carry
+                k, _, _, _, _, _ = carry
                 r_k = r * 0.5**k
                 candidate, v, _, unbounded = attempt(state, arrays, r_k)
-                return k + 1, candidate, v, r_k, unbounded
+                merit = merit_of(candidate.rng_key, candidate.natural, candidate.params, arrays) if by_mode else v
+                return k + 1, candidate, v, merit, r_k, unbounded
 
-            _, new_state, value, r, unbounded = jax.lax.while_loop(
-                lambda c: (c[0] == 0) | ((c[0] <= MAX_GUARD_HALVINGS) & collapsed(c[2]) & ~c[4]),
+            _, new_state, value, merit, r, unbounded = jax.lax.while_loop(
+                lambda c: (c[0] == 0) | ((c[0] <= MAX_GUARD_HALVINGS) & collapsed(c[2], c[3]) & ~c[5]),
                 retry,
-                (jnp.zeros((), jnp.int32), state, jnp.asarray(state.elbo), r, jnp.zeros((), bool)),
+                (jnp.zeros((), jnp.int32), state, jnp.asarray(state.elbo), jnp.asarray(state.elbo), r, jnp.zeros((), bool)),
             )
             if new_state.off_target is not None:  # every halving collapsed too: the step is not the rule's
-                new_state = new_state._replace(off_target=new_state.off_target | (collapsed(value) & ~unbounded))
+                new_state = new_state._replace(
+                    off_target=new_state.off_target | (collapsed(value, merit) & ~unbounded)
+                )
         else:
             new_state, value, taken, unbounded = attempt(state, arrays, r)
         if newton and newton_size(state.natural) <= MAX_NEWTON_SIZE:
@@ -347,6 +358,12 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             rng_key, qs, estimators, natural, params, arrays, batch, plate_factors, local_axes, scale,
             skip=plan.imputed, rows=plan.orphans, known=known, estimates=estimates,
         )
+
+    @jax.jit
+    def merit_of(rng_key, natural, params, arrays):
+        """log p̄(m) of q (:func:`~blrppl.blr.elbo.log_joint_at_mean`), the guard's objective with ``by_mode``."""
+        key = jax.random.fold_in(rng_key, 3)
+        return log_joint_at_mean(key, qs, estimators, natural, params, arrays, estimates=estimates)
 
     def unbounded_sites(state: BLRState, arrays: Any) -> jax.Array:
         """Whether each exact target (sorted) at ``state`` is outside its family (an error's names)."""
@@ -462,6 +479,26 @@ def averaged(state: BLRState) -> BLRState:
     if state.average is None:
         return state
     return state._replace(natural=state.average)
+
+
+def judged_by_mode(plan: Plan) -> bool:
+    """Whether every factor's site parameters are by the delta method on Normal or MVN q (``Laplace``).
+
+    A BLR step with ρ = 1 is then a Newton step on log p̄ (Khan & Rue, Sec. 4.4), and a
+    smaller ρ moves the mean by ρ Λ_ρ⁻¹ ∇log p̄(m), an ascent direction (so does the
+    safeguard's step, :func:`~blrppl.families.gaussian_step.positive_definite_step`, where
+    the Hessian is indefinite): the ELBO guard judges steps by log p̄(m)
+    (:func:`~blrppl.blr.elbo.log_joint_at_mean`). The delta ELBO peaks away from the
+    mode where log p̄ is skewed (Gamma(1, 1) with exp(τ/2) on log τ: N(0.33, 1.15²)
+    instead of Laplace's N(log 2, 1)), and it need not rise on the way there: its trace
+    is reported, not judged (no "fell from its best" flag).
+    """
+    return (
+        bool(plan.estimators)
+        and plan.subsample is None
+        and all(e.method.estimator == "delta" and not e.method.exact and not e.method.enumerated for e in plan.estimators)
+        and all(has_point_mass(q.family) for q in plan.qs.values())
+    )
 
 
 def _guard(plan: Plan) -> bool:

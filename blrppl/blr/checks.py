@@ -118,9 +118,10 @@ def off_target(state: Any) -> tuple[str, ...]:
     a halved ρ), so q is not a fixed point. With the delta method (``Laplace``)
     the Hessian of the log density at the mean is then not negative definite:
     the mean is no mode (the density may have none: an improper posterior). A
-    Newton step the guard rejects at every ρ (the delta ELBO, log f(m) + ½ tr(H Σ),
-    peaks away from the mode where log p is skewed) leaves q creeping, short of
-    Laplace's point.
+    step the guard rejects at every ρ leaves q creeping: ``Laplace`` judges its
+    Newton steps by log p̄(m), which rises along them, but a delta-method fit with
+    exact factors beside judges by the ELBO, whose delta-method part
+    (log f(m) + ½ tr(H Σ)) peaks away from the mode where log p is skewed.
     """
     flag = getattr(state, "off_target", None)
     if flag is None or not bool(np.any(np.asarray(flag))):
@@ -129,7 +130,7 @@ def off_target(state: Any) -> tuple[str, ...]:
         "the last step was not the rule's: its target (the sum of the site parameters) was not a valid q, "
         "or the ELBO guard rejected every halving of it; q is not a fixed point of the rule, and with the "
         "delta method (Laplace) the mean is not a mode (its Hessian is not negative definite, the posterior "
-        "may have none, e.g. a factor that grows like exp(c x^2); or the Newton steps stall where the log "
+        "may have none, e.g. a factor that grows like exp(c x^2); or the steps stall where the log "
         "density is skewed); run longer with tol=..., and if this stays, check the model's factors and "
         "priors, or fit with NonConjugateVI",
     )

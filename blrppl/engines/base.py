@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from blrppl.blr import driver
-from blrppl.blr.build import build_blr
+from blrppl.blr.build import build_blr, judged_by_mode
 from blrppl.blr.checks import (
     boundary_estimates, fell_from_best, fit_error, off_target, steady_climb, vanishing_sites,
 )
@@ -108,8 +108,9 @@ class Engine:
             if boundary:
                 return boundary
         natural = jax.tree.map(np.asarray, state.natural if natural is None else natural)  # read once
-        deterministic = not noisy and plan.subsample is None
-        fell = fell_from_best(plan.qs, natural, elbo) if deterministic else ()
+        # (Newton steps climb log p̄(m), not the ELBO: their ELBO may fall on the way to the mode.)
+        ascent = not noisy and plan.subsample is None and not judged_by_mode(plan)
+        fell = fell_from_best(plan.qs, natural, elbo) if ascent else ()
         return off_target(state) + (fell or (steady_climb(elbo, stopped) + vanishing_sites(plan.qs, natural)))
 
     def batch_member_flags(

@@ -127,16 +127,21 @@ def cubature(
         shapes = [jnp.shape(b.x) for b in blocks]
         sizes = [math.prod(s) for s in shapes]
         dim = sum(sizes)
-        nodes, weights = (np.zeros((1, dim)), np.ones(1)) if at_mean else cubature_rule(dim)
-        locs, scales = [], []
-        for block in blocks:
-            loc, scale = loc_scale(block)
-            locs.append(jnp.ravel(loc))
-            scales.append(scale if is_full(block) else jnp.diag(jnp.ravel(scale)))
-        dtype = locs[0].dtype
-        loc = jnp.concatenate(locs)
-        scale = jax.scipy.linalg.block_diag(*scales)
-        points = loc + jnp.asarray(nodes, dtype) @ scale.T
+        if at_mean:  # the mean alone: no factor of Σ (a degenerate Σ, log p̄ at the mean, stays finite)
+            weights = np.ones(1)
+            loc = jnp.concatenate([jnp.ravel(block.x) for block in blocks])
+            points = loc[None]
+        else:
+            nodes, weights = cubature_rule(dim)
+            locs, scales = [], []
+            for block in blocks:
+                loc, scale = loc_scale(block)
+                locs.append(jnp.ravel(loc))
+                scales.append(scale if is_full(block) else jnp.diag(jnp.ravel(scale)))
+            loc = jnp.concatenate(locs)
+            scale = jax.scipy.linalg.block_diag(*scales)
+            points = loc + jnp.asarray(nodes, loc.dtype) @ scale.T
+        dtype = loc.dtype
 
         def unflatten(u: Array) -> Any:
             parts, start = [], 0

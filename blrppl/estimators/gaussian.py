@@ -171,6 +171,22 @@ def curvature_term(mean: GaussianStats, nat_grad: GaussianStats) -> Array:
     return jnp.sum(nat_grad.x_sq * (mean.x_sq - mean.x * mean.x))
 
 
+def has_point_mass(family: Any) -> bool:
+    """Whether :func:`point_mass` takes ``family``'s mean parameters (a Normal or MVN q)."""
+    return family.stats_type in (NormalStats, MVNStats)
+
+
+def point_mass(mean: GaussianStats) -> GaussianStats:
+    """The mean parameters of the Gaussian with ``mean``'s mean and no spread (Σ → 0).
+
+    Delta-method values there are log f(m) alone (:func:`curvature_term` vanishes):
+    the log joint at the mean, the objective a Newton step climbs.
+    """
+    if is_full(mean):
+        return MVNStats(x=mean.x, xxT=common.outer(mean.x))
+    return NormalStats(x=mean.x, x_sq=mean.x * mean.x)
+
+
 def total_log_factor(
     log_factor: Callable[[Array], ArrayLike],
 ) -> Callable[[Array], Array]:

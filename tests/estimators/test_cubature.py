@@ -41,3 +41,19 @@ def test_value_gradient_and_hessian_equal_autodiff(num_params):
     np.testing.assert_allclose(grad, expected[1], rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(hessian, expected[2], rtol=1e-9, atol=1e-9)
     np.testing.assert_array_equal(hessian, hessian.T)
+
+
+def test_the_delta_rule_reads_the_mean_alone_whatever_the_covariance():
+    # Laplace's guard evaluates log f at q's mean with no spread (Σ = 0): the one node is the
+    # mean itself, never mean + 0 @ chol(Σ), whose Cholesky of a zero matrix is NaN.
+    from blrppl.estimators.cubature import cubature
+    from blrppl.families.mvn import MVNStats
+
+    def log_f(u):
+        return -0.5 * jnp.sum((u - 1.0) ** 2) + jnp.sin(u[0])
+
+    m = jnp.asarray([0.3, -0.2])
+    for spread, second_order in ((jnp.zeros((2, 2)), True), (0.5 * jnp.eye(2), False)):
+        mean = MVNStats(x=m, xxT=spread + jnp.outer(m, m))
+        value, _ = cubature(at_mean=True, second_order=second_order).estimate(None, mean, log_f)
+        np.testing.assert_allclose(value, log_f(m), rtol=1e-12)
