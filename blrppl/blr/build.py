@@ -241,7 +241,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             average=natural if average else None,
             rng_key=run_key,
             anchor=natural if average else None,
-            off_target=jnp.zeros((), bool) if checked_targets else None,
+            off_target=jnp.zeros((), bool) if checked_targets or guard else None,
         )
         if guard:
             state = state._replace(elbo=elbo(jax.random.fold_in(init_key, 3), state, arrays))
@@ -302,23 +302,24 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             # An unbounded ELBO (an exact target outside its family) is the model's, not the
             # step size's: it is not retried.
             def retry(carry):
-                k, _, _, _, _, _ = carry
+                k, _, _, _, _, _, _ = carry
                 r_k = r * 0.5**k
-                candidate, v, _, unbounded = attempt(state, arrays, r_k)
+                candidate, v, taken, unbounded = attempt(state, arrays, r_k)
                 merit = merit_of(candidate.rng_key, candidate.natural, candidate.params, arrays) if by_mode else v
-                return k + 1, candidate, v, merit, r_k, unbounded
+                return k + 1, candidate, v, merit, r_k, taken, unbounded
 
-            _, new_state, value, merit, r, unbounded = jax.lax.while_loop(
-                lambda c: (c[0] == 0) | ((c[0] <= MAX_GUARD_HALVINGS) & collapsed(c[2], c[3]) & ~c[5]),
+            yes = jnp.ones((), bool)
+            _, new_state, value, merit, r, taken, unbounded = jax.lax.while_loop(
+                lambda c: (c[0] == 0) | ((c[0] <= MAX_GUARD_HALVINGS) & collapsed(c[2], c[3]) & ~c[6]),
                 retry,
-                (jnp.zeros((), jnp.int32), state, jnp.asarray(state.elbo), jnp.asarray(state.elbo), r, jnp.zeros((), bool)),
+                (jnp.zeros((), jnp.int32), state, jnp.asarray(state.elbo), jnp.asarray(state.elbo), r, yes, ~yes),
             )
-            if new_state.off_target is not None:  # every halving collapsed too: the step is not the rule's
-                new_state = new_state._replace(
-                    off_target=new_state.off_target | (collapsed(value, merit) & ~unbounded)
-                )
+            # A step that collapsed at every halving, or whose every λ the safeguard rejected (a
+            # target not finite), left q where it was: q is not a fixed point of the rule.
+            stalled = (collapsed(value, merit) | ~taken) & ~unbounded
         else:
             new_state, value, taken, unbounded = attempt(state, arrays, r)
+            stalled = None
         if newton and newton_size(state.natural) <= MAX_NEWTON_SIZE:
             # Keep the better of the BLR step and a damped Newton step on the ELBO (blrppl.blr.newton).
             key = jax.random.fold_in(state.rng_key, state.step)
@@ -329,6 +330,9 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
                 elbo=jnp.where(better, candidate, value),
             )
             value = jnp.where(better, candidate, value)
+            stalled = None if stalled is None else stalled & ~better
+        if stalled is not None and new_state.off_target is not None:
+            new_state = new_state._replace(off_target=new_state.off_target | stalled)
         change = jnp.asarray(jnp.nan, value.dtype)
         if average:
             new_state, change = window_change(qs, new_state)

@@ -111,7 +111,9 @@ CLIMB_MIN_STEPS = 40
 
 def off_target(state: Any) -> tuple[str, ...]:
     """A flag when the last step was not the rule's (``state.off_target``): its target Σ_f λ̃_f
-    was outside some q's family, or the ELBO guard rejected every halving of it.
+    was outside some q's family (delta method), or the ELBO guard rejected every halving of
+    it, or the safeguard every λ (a target not finite: the step left q where it was, and an
+    ELBO that stays put is no convergence).
 
     At a fixed point of the rule λ = Σ_f λ̃_f(μ), a valid q; a target outside
     the family was replaced by the safeguard's step (the improved Gaussian step,

@@ -31,11 +31,12 @@ class BLRState(NamedTuple):
         ``fold_in(rng_key, t)`` and minibatch epochs from their own fold, so
         a run resumed from its state continues exactly as one longer run
         (the state's stream wins over a new call's key).
-      off_target: with delta-method site parameters (Newton steps: ``Laplace``),
-        whether the last step's target Σ_f λ̃_f of some variable was outside its
-        family (the safeguard's step was taken instead): q is then not a fixed
-        point of the rule (for the delta method, the mean is not a mode); the
-        fit flags it. Else None.
+      off_target: with the ELBO guard, whether the last step left q off the rule's
+        fixed points: it collapsed at every halving, or the safeguard rejected
+        every λ (a target not finite), and with delta-method site parameters
+        (Newton steps: ``Laplace``) also whether some variable's target Σ_f λ̃_f
+        was outside its family (the safeguard's step was taken instead; the mean
+        is then not a mode). The fit flags it. Else None.
     """
 
     natural: dict

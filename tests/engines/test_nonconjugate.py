@@ -166,6 +166,18 @@ def test_laplace_of_noncentred_eight_schools_is_at_the_mode_with_its_curvature(r
     np.testing.assert_allclose(-(lam.xxT + lam.xxT.T), hessian, rtol=1e-6, atol=1e-8)
 
 
+def test_a_fit_whose_steps_all_stall_is_flagged(rng_key):
+    # log p(s) = s^3 - s^2 / 2 has no maximum: the Newton start runs off to s ~ e^13.5 and every
+    # later step's target is not finite, so the safeguard keeps q where it is and the ELBO
+    # (4.5e17) stays put: "converged" in 3 steps, unflagged, before the stall was recorded.
+    def pushed():
+        s = numpyro.sample("s", dist.HalfNormal(1.0))
+        numpyro.factor("push", s**3)
+
+    result = blrppl.NonConjugateVI(pushed).run(rng_key, 20, progress_bar=False, tol=1e-8)
+    assert any("the last step was not the rule's" in flag for flag in result.flags)
+
+
 def test_blocks_keep_correlations_between_sites(rng_key):
     entry = ZOO["eight_schools_noncentered"]
     args, kwargs = entry.data()
