@@ -227,11 +227,14 @@ def facts_of(model: Callable, args: tuple, kwargs: dict) -> Facts:
     facts = minibatch_facts(graph)
     if facts is not None:
         return facts
+    # A factor conjugate given its discrete neighbours has exact site parameters all the same
+    # (a sum over their configurations: blrppl.estimators.conditional_enumeration).
+    summed = {e.factor for e in plan.estimators if e.method.estimator == "enumeration" and e.method.exact}
     nonconjugate = tuple(
         (f, v, edge.reason or "not analysed")
         for f, edges in plan.verdicts.items()
         for v, edge in edges.items()
-        if edge.conjugate is not True
+        if edge.conjugate is not True and f not in summed
     )
     nonconjugate = tuple(sorted(nonconjugate, key=lambda e: graph.factors[e[0]].kind == "prior"))  # likelihoods first
     in_family, not_in_family = None, None

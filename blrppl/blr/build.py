@@ -72,7 +72,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     config = config._replace(learning_rate=learning_rate(plan, config))
     rho = as_schedule(config.learning_rate)
     mode, schedule = config.mode, config.schedule
-    order = tuple(config.order) if config.order is not None else tuple(qs)
+    order = tuple(config.order) if config.order is not None else default_order(plan)
     sub = plan.subsample
     local = tuple(v for v in order if sub is not None and v in sub.local_axes)
     ordered = local + tuple(v for v in order if v not in local)
@@ -483,6 +483,23 @@ def averaged(state: BLRState) -> BLRState:
     if state.average is None:
         return state
     return state._replace(natural=state.average)
+
+
+def default_order(plan: Plan) -> tuple[str, ...]:
+    """The variables in the model's order, those summed over by a factor exact given them
+    (``"exact+enumeration"``) last.
+
+    Their first update reads the other neighbours' q: from the prior's spread, a switch
+    ``y ~ Normal(where(s, mu, 0), sigma)`` under ``mu ~ Normal(0, 5)`` makes ``s = 1`` look
+    hopeless, and every restart settled with ``s = 0`` (ELBO -46.2 against -36.7). Updated
+    after the continuous ones, which then read q(s) = prior, they start from data that
+    half-inform them.
+    """
+    summed = {
+        v for e in plan.estimators if e.method.estimator == "enumeration" and e.method.exact
+        for v in e.method.enumerated
+    }
+    return tuple(v for v in plan.qs if v not in summed) + tuple(v for v in plan.qs if v in summed)
 
 
 def judged_by_mode(plan: Plan) -> bool:

@@ -43,7 +43,8 @@ class Config(NamedTuple):
         every continuous latent (Laplace).
       point_estimates: latent sites estimated by the delta method (EM).
       init: site -> value or distribution to start q from.
-      order: the sequential order of variables (default: trace order).
+      order: the sequential order of variables (default: trace order, with the discrete
+        variables that a factor exact given them sums over last: :func:`blrppl.blr.build.default_order`).
       average: iterate averaging (None: automatic, with Monte Carlo site
         parameters and ρ < 1).
       minibatch: fit one subsampled plate by minibatches (stochastic VI,

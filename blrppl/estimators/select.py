@@ -17,6 +17,8 @@ from typing import Any, Mapping, NamedTuple, Optional, Union
 from blrppl.errors import ModelError
 from blrppl.estimators.base import ESTIMATORS, FactorEstimator
 from blrppl.estimators.block_hybrid import block_hybrid_estimator
+from blrppl.estimators.conditional_enumeration import conditionally_exact_estimator
+from blrppl.estimators.enumeration import is_enumerable
 from blrppl.estimators.exact import exact_estimator
 from blrppl.estimators.hybrid import hybrid_estimator
 from blrppl.estimators.minibatch import fixed_subsample, on_rows
@@ -164,6 +166,12 @@ def choose_estimator(
         edges = factor_verdicts(graph, name, qs, examples, params, error)
         var = error.var
         reason = edges[var].reason if var in edges else error.reason
+    uncertain = tuple(v for v in node.neighbours if edges[v].conjugate is False)
+    if subsample is None and uncertain and all(is_enumerable(qs[v]) for v in uncertain):
+        try:  # conjugate given the discrete neighbours: exact, one analysis per configuration
+            return conditionally_exact_estimator(graph, name, qs, examples, uncertain), edges
+        except NonConjugate:
+            pass
     method = choice if choice != "exact" else options.fallback
     if method is None or options.exact_only:
         engines = (
@@ -180,7 +188,6 @@ def choose_estimator(
             return block_hybrid_estimator(graph, name, qs, examples), edges
         except (NonConjugate, ModelError):
             pass
-    uncertain = tuple(v for v in node.neighbours if edges[v].conjugate is False)
     # On minibatches a hybrid factor is estimated in every edge (its exact part on a
     # minibatch is not implemented); on full data only the non-conjugate edges are.
     if 0 < len(uncertain) < len(node.neighbours) and subsample is None:

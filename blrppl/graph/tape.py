@@ -96,6 +96,18 @@ def recording(arrays: Sequence[Any]) -> Iterator[Recording]:
         _active.remove(rec)
 
 
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """No recording inside the block: planning there computes plain values (for an estimator
+    that then gives up the recording, :func:`give_up`, or reads nothing from the data)."""
+    saved = list(_active)
+    _active.clear()
+    try:
+        yield
+    finally:
+        _active[:] = saved
+
+
 def data_inputs(arrays: Sequence[Any]) -> Optional[tuple]:
     """The recording's :class:`Dual` inputs when ``arrays`` are the recorded ones, else None."""
     if not _active:
