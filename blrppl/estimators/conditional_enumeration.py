@@ -42,9 +42,9 @@ from blrppl.symbolic.compiled import Analysis
 from blrppl.symbolic.expectation import expected_value
 from blrppl.symbolic.terms import NonConjugate
 
-MAX_CONFIGURATIONS = 128
+MAX_CONFIGURATIONS = 512
 """The most joint configurations of the discrete neighbours analysed one by one (each is one
-symbolic analysis on the host, ~10 ms)."""
+symbolic analysis on the host: a change point over T = 300 plans in 1.4 s, fits in 2.3 s)."""
 
 
 def conditionally_exact_estimator(
