@@ -107,3 +107,14 @@ def test_a_switch_is_updated_after_what_it_switches(rng_key, engine):
     np.testing.assert_allclose(q["s"].probs, p, atol=1e-8)
     np.testing.assert_allclose([q["mu"].loc, q["mu"].scale**2], [m, v], rtol=1e-8)
     np.testing.assert_allclose([q["prec"].concentration, q["prec"].rate], [a, b], rtol=1e-8)
+
+
+def test_a_discrete_uniform_prior_says_how_to_write_it():
+    def uniform_change_point(y=None):
+        tau = numpyro.sample("tau", dist.DiscreteUniform(1, T))
+        l1 = numpyro.sample("l1", dist.Gamma(A0, B0))
+        with numpyro.plate("t", T):
+            numpyro.sample("y", dist.Poisson(jnp.where(jnp.arange(T) < tau, l1, 1.0)), obs=y)
+
+    with pytest.raises(blrppl.ModelError, match="site 'tau': DiscreteUniform priors are not implemented.*Categorical"):
+        blrppl.VMP(uniform_change_point).plan(y=jnp.asarray(data()))
