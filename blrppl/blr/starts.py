@@ -166,12 +166,6 @@ def _from_prior(q: Any, node: Any) -> Any:
     try:
         return placeholder(node.prior)
     except Exception as error:  # noqa: BLE001 - re-raised with the site named
-        if isinstance(node.prior, dist.DiscreteUniform):
-            raise ModelError(
-                f"site {q.name!r}: DiscreteUniform priors are not implemented (q is a Categorical over "
-                "0..K-1); write the site as low + numpyro.sample(name, dist.Categorical(probs=jnp.ones(K) / K)) "
-                "with K = high - low + 1."
-            ) from None
         raise ModelError(
             f"site {q.name!r}: cannot start q ({q.family.name}) from the prior {type(node.prior).__name__} "
             f"({error}); pass init= or choose another family."

@@ -99,6 +99,13 @@ def default_family(name: str, fn: dist.Distribution) -> FamilyChoice:
     Raises:
         ModelError: for a discrete prior with infinite support.
     """
+    if isinstance(base_distribution(fn), dist.DiscreteUniform):  # values low..high, q's categories 0..K-1
+        raise site_error(
+            name,
+            "DiscreteUniform priors are not implemented (a Categorical q is over 0..K-1)",
+            "write the site as low + numpyro.sample(name, dist.Categorical(probs=jnp.ones(K) / K)) "
+            "with K = high - low + 1",
+        )
     family = default_family_name(fn)
     if family is not None:
         return FamilyChoice(family, None)
