@@ -92,7 +92,10 @@ def block_hybrid_estimator(
     fixed = {k: x for k, x in examples.items() if k != block}
     log_density = factor_log_density(graph, factor, {block: transform}, fixed, use_canonical=False)
     pieces = {m.name: (m, t, shape, offset, size) for m, t, shape, offset, size in transform.pieces()}
-    read = _read_members(lambda flat: log_density({block: flat}, {}), jnp.asarray(examples[block], float), pieces)
+    if node.block_members:  # the members the factor's code depends on, from the trace
+        read = [s for s in pieces if s in node.block_members]
+    else:
+        read = _read_members(lambda flat: log_density({block: flat}, {}), jnp.asarray(examples[block], float), pieces)
     held = [s for s in read if not isinstance(pieces[s][1], IdentityTransform)]
     rest = [s for s in read if s not in held]
     held_dim = sum(pieces[s][4] for s in held)

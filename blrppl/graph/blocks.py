@@ -135,7 +135,8 @@ def as_blocks(graph: FactorGraph, blocks: Sequence[Sequence[str]]) -> FactorGrap
             factors[fname] = factor
             continue
         edges = {v: factor.edges.get(v, Edge()) for v in neighbours}
-        factors[fname] = dataclasses.replace(factor, neighbours=neighbours, edges=edges)
+        members = factor.block_members + tuple(v for v in factor.neighbours if v in renames)
+        factors[fname] = dataclasses.replace(factor, neighbours=neighbours, edges=edges, block_members=members)
     return dataclasses.replace(graph, variables=variables, factors=factors)
 
 

@@ -154,6 +154,9 @@ class FactorNode:
             one site. The factor is named after its first site; then
             ``distribution`` is the first site's, and ``value`` and ``mask``
             stack the sites' along a new leading (time) axis.
+        block_members: for a factor of joint blocks (:func:`blrppl.graph.blocks.as_blocks`),
+            the member sites among its neighbours before they were joined, in trace order
+            (the coordinates of a block it reads); empty otherwise.
     """
 
     name: str
@@ -168,6 +171,7 @@ class FactorNode:
     mask: Any
     edges: dict[str, Edge]
     sites: tuple[str, ...] = ()
+    block_members: tuple[str, ...] = ()
 
     @property
     def site_names(self) -> tuple[str, ...]:
