@@ -229,7 +229,7 @@ def facts_of(model: Callable, args: tuple, kwargs: dict) -> Facts:
         return facts
     # A factor conjugate given its discrete neighbours has exact site parameters all the same
     # (a sum over their configurations: blrppl.estimators.conditional_enumeration).
-    summed = {e.factor for e in plan.estimators if e.method.estimator == "enumeration" and e.method.exact}
+    summed = {e.factor for e in plan.estimators if e.method.exact_given_enumerated}
     nonconjugate = tuple(
         (f, v, edge.reason or "not analysed")
         for f, edges in plan.verdicts.items()

@@ -496,8 +496,7 @@ def default_order(plan: Plan) -> tuple[str, ...]:
     half-inform them.
     """
     summed = {
-        v for e in plan.estimators if e.method.estimator == "enumeration" and e.method.exact
-        for v in e.method.enumerated
+        v for e in plan.estimators if e.method.exact_given_enumerated for v in e.method.enumerated
     }
     return tuple(v for v in plan.qs if v not in summed) + tuple(v for v in plan.qs if v in summed)
 

@@ -69,6 +69,12 @@ class Method(NamedTuple):
         return bool(self.estimated) and self.estimator == "mc"
 
     @property
+    def exact_given_enumerated(self) -> bool:
+        """Exact in every edge: symbolic given the enumerated neighbours, summed over their values
+        (``"exact+enumeration"``, :mod:`~blrppl.estimators.conditional_enumeration`)."""
+        return bool(self.exact) and self.estimator == "enumeration"
+
+    @property
     def deterministic_estimate(self) -> bool:
         """Estimated by a deterministic rule (delta method, quadrature, cubature or enumeration)."""
         return bool(self.estimated) and self.estimator in ("delta", "quadrature", "cubature", "enumeration")
