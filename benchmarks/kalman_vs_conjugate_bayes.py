@@ -5,20 +5,20 @@ with known variances, on a simulated series of T = 10,000 and 100,000 steps.
 blrppl's ConjugateBayes is one BLR step with rho = 1 (Khan & Rue, Sec. 5.1)
 on the level chain's chain-Gaussian q: the exact Kalman smoother, plus the
 ELBO (the log evidence). One step is one smoother: a forward pass whose
-pivots give A(lambda) (so the log evidence) and the step's validity check, and
-a backward pass that writes the mean parameters. Prints (float64 on both
-sides):
+pivots give A(lambda) and the step's validity check, and a backward pass that
+writes the mean parameters; the ELBO is then read off A(lambda) and each
+factor's constant (``blrppl.blr.elbo.exact_evidence``: no pass over the means).
+Prints (float64 on both sides):
 
 * the one-off cost of a fit: tracing and symbolic analysis (``engine.plan``),
   and the first run (compilation included);
 * the steady-state time of the whole compiled run (``blrppl.blr.driver.run``
-  of one step: its placeholder start, the step, the driver's while loop
-  and its host round trip), of one jit-compiled step alone, of the start
-  alone (``driver.init``: an exact algorithm's run no longer makes it: its
-  loop starts from placeholders, since one step is the posterior from any start), and of ``engine.fit`` on the
-  planned data (the run and the result's checks; an exact engine does not
-  test the start its step never reads), with the sequential
-  (``lax.scan``) and the parallel (``lax.associative_scan``,
+  of one step: one compiled program, its start (which the step does not read,
+  so the compiler leaves it out), the step and the driver's while loop, and
+  its host round trip), of one jit-compiled step alone, of the start from the
+  prior alone (``driver.init``, for scale: no exact run makes it), and of
+  ``engine.fit`` on the planned data (the run and the result's checks), with
+  the sequential (``lax.scan``) and the parallel (``lax.associative_scan``,
   ``families={"level": "ChainGaussianParallel"}``) smoother;
 * the peers: one jit-compiled ``lax.scan`` Kalman filter pass (filtered means
   and variances and the log likelihood) and a Kalman filter + RTS smoother;
@@ -167,7 +167,7 @@ def main() -> None:
                 "  the start from the prior alone (driver.init)",
                 f"{times[family, 'init'][0] * 1e3:.2f} ms",
                 ratio((family, "init")),
-                "not part of an exact run (its loop starts from placeholders); fit's start test makes it",
+                "for scale: not part of an exact run (its step does not read a start)",
             ))
             rows.append((
                 "  engine.fit(plan, key, 1)",

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from blrppl.blr.config import AUTO_NOISY_RATE, Config
-from blrppl.blr.elbo import elbo_terms, log_joint_at_mean, mean_params, moments
+from blrppl.blr.elbo import elbo_terms, exact_evidence, log_joint_at_mean, mean_params, moments
 from blrppl.blr.incremental import build_store
 from blrppl.blr.minibatch import batch_key, minibatch, put_rows, take_rows
 from blrppl.blr.mstep import build_m_step
@@ -93,6 +93,9 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     cubature = any(e.method.estimator == "cubature" for e in plan.estimators)
     newton = config.newton and guard and mode == "global" and not plan.init_params and not average and not cubature
     exact = exact_after_one_step(plan, config, fixed_params=fixed_params)
+    # Its step's ELBO is the log evidence, read off A(λ) and each factor's constant
+    # (:func:`~blrppl.blr.elbo.exact_evidence`) where every E_q[log f] is affine in μ.
+    evidence = exact and not plan.imputed and all(e.constant is not None for e in plan.estimators)
     # A variable whose site parameters are all exact has the coordinate maximum of the ELBO as
     # its target: one outside the family means the ELBO has no maximum (an improper
     # conditional), reported as such. With ρ = 1 the step is that target, taken plainly (Eq. 58,
@@ -270,7 +273,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         unbounded = jnp.any(jnp.stack(unbounded)) if unbounded else jnp.zeros((), bool)
         off = [k[4] for k in known.values() if k[4] is not None]
         known = {v: k[:2] for v, k in known.items() if k[0] is not None}
-        if known or m_step is not None:
+        if known or m_step is not None or evidence:
             missing = moments(qs, {v: lam for v, lam in natural.items() if v not in known})
             known = {v: known[v] if v in known else missing[v] for v in natural}
         else:
@@ -281,7 +284,10 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         new_state = state._replace(natural=natural, site_params=sites, params=params, step=t, average=running)
         if state.off_target is not None:  # a state made by ``finish`` carries it (a Newton start's does not)
             new_state = new_state._replace(off_target=jnp.any(jnp.stack(off)) if off else jnp.zeros((), bool))
-        value = elbo(elbo_key, new_state, arrays, batch, known)
+        if evidence:  # λ = Σ_f λ̃_f with E_q[log f] affine in μ: the ELBO is the log evidence
+            value = exact_evidence(qs, estimators, natural, params, arrays, known)
+        else:
+            value = elbo(elbo_key, new_state, arrays, batch, known)
         taken = ~jnp.any(jnp.stack(rejected)) if rejected else jnp.ones((), bool)
         return new_state._replace(elbo=value if guard else None), value, taken, unbounded
 

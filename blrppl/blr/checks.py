@@ -292,6 +292,13 @@ def sound_members(qs: Mapping[str, Any], natural: Mapping[str, Any], last_elbo: 
     return sound
 
 
+def all_finite(array: np.ndarray) -> bool:
+    """Whether every entry of ``array`` is finite: a sum (no copy; a NaN or inf makes it NaN or
+    inf), looked at entry by entry only where the sum is not finite (an overflow or a bad entry).
+    A long chain's fit is checked in a pass over its λ that allocates nothing."""
+    return bool(np.isfinite(np.sum(array))) or bool(np.isfinite(array).all())
+
+
 def collapsed_sites(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> list[str]:
     """Gaussian variables whose q collapsed (precision overflowing or not finite), scales first."""
     found = []
@@ -379,8 +386,7 @@ def improper_posterior_error(qs: Mapping[str, Any], natural: Mapping[str, Any], 
     # On the host, in numpy: a few small arrays, read once (eager jax ops here cost more than the fit).
     natural = jax.tree.map(np.asarray, natural)
     elbo = np.asarray(elbo)
-    leaves = [np.ravel(x) for x in jax.tree.leaves(natural)]
-    finite_q = bool(np.isfinite(np.concatenate(leaves)).all()) if leaves else True
+    finite_q = all(all_finite(x) for x in jax.tree.leaves(natural))
     collapsed = collapsed_sites(qs, natural)
     # No real model has an ELBO beyond 1e30: with a collapsed q it is the same divergence,
     # stopped short of +inf by the ELBO guard (which rejects steps that overflow).
@@ -397,7 +403,7 @@ def improper_posterior_error(qs: Mapping[str, Any], natural: Mapping[str, Any], 
             "vanishes at the boundary (e.g. a Gamma prior on a precision)."
         )
     if not finite_q or (bool(elbo.size) and not bool(np.isfinite(elbo[-1]))):
-        bad = [v for v in qs if not all(bool(np.all(np.isfinite(x))) for x in jax.tree.leaves(natural[v]))]
+        bad = [v for v in qs if not all(all_finite(x) for x in jax.tree.leaves(natural[v]))]
         site = (bad or collapsed or list(qs))[0]
         return ModelError(
             f"site {site!r}: the fit ended with {'q' if bad else 'an ELBO'} that is not finite: a factor's "

@@ -152,7 +152,7 @@ def checked_run(
       ``state`` is the start and ``elbo`` is empty).
     """
     num_steps = _check_steps(num_steps)
-    if algorithm.exact and tests and not progress_bar:
+    if algorithm.exact and not progress_bar:
         return _checked_exact_run(algorithm, rng_key, num_steps, arrays, tests, tol)
     init_args = (algorithm, tests, algorithm.exact, rng_key, arrays, np.asarray(num_steps, np.int32))
     threshold, buffer, previous, hits = _loop_inputs(num_steps, tol)
@@ -175,35 +175,30 @@ def checked_run(
 
 
 def _checked_exact_run(algorithm, rng_key, num_steps, arrays, tests, tol):
-    """:func:`checked_run` of an exact algorithm: its start's tests run inside the loop's
-    program (:func:`_exact_chunk`, compiled like the loop), not in the start's (compiled
-    cheaply, as it runs once per fit): the start is the prior, which the step does not read,
-    so the start's program is left with nothing to compute."""
-    init_args = (algorithm, (), True, rng_key, arrays, np.asarray(num_steps, np.int32))
+    """:func:`checked_run` of an exact algorithm without a progress bar: one compiled call
+    (:func:`_exact_chunk`), start and loop, with one transfer of the results back."""
     threshold, buffer, previous, hits = _loop_inputs(num_steps, tol)
     zero, stop = np.asarray(0, np.int32), np.asarray(num_steps, np.int32)
-
-    def chunk_args(init_outputs):
-        state = init_outputs[0]
-        return algorithm, arrays, rng_key, state, buffer, zero, stop, previous, hits, threshold, tests
-
-    started = compile_side_by_side(_init, init_args, _run_exact_chunk, chunk_args)
-    state = (started if started is not None else _init(*init_args))[0]
-    end, state, buffer, _, hits, valid = block_until_ready(_run_exact_chunk(*chunk_args((state,))))
+    outputs = _run_exact_chunk(algorithm, arrays, rng_key, buffer, zero, stop, previous, hits, threshold, tests)
+    end, state, buffer, _, hits, valid = block_until_ready(outputs)
     end, hits, buffer, valid = jax.device_get((end, hits, buffer, valid))  # one transfer
     return state, _head(buffer, int(end)), int(hits) >= CONFIRMATIONS, np.asarray(valid)
 
 
-def _exact_chunk(algorithm, arrays, rng_key, state, buffer, start, stop, previous, hits, threshold, tests):
-    """:func:`_chunk` of an exact algorithm's lean state, after its start's tests: the start
-    (``algorithm.init(rng_key)``, the prior pushed through the graph) is made and tested here
-    and no step is taken unless it passes (as :func:`_init`'s ``stop``)."""
-    valid = _valid(tests, algorithm.init(rng_key, arrays).natural)
+def _exact_chunk(algorithm, arrays, rng_key, buffer, start, stop, previous, hits, threshold, tests):
+    """:func:`_chunk` of an exact algorithm from ``algorithm.init(rng_key)`` made in the same
+    program: its step does not read the start's λ (:func:`_lean`: the loop starts from
+    placeholders), so the start's pass over the data is left out by the compiler, but where
+    ``tests`` (static) ask for it: the start (the prior pushed through the graph) is then tested
+    and no step is taken unless it passes (as :func:`_init`'s ``stop``). One dispatch: a small
+    model's refit and a long chain's smoother pay no second call."""
+    state = algorithm.init(rng_key, arrays)
+    valid = _valid(tests, state.natural)
     stop = jnp.where(jnp.all(valid), stop, start)
-    return _chunk(algorithm, arrays, state, buffer, start, stop, previous, hits, threshold) + (valid,)
+    return _chunk(algorithm, arrays, _lean(algorithm, state), buffer, start, stop, previous, hits, threshold) + (valid,)
 
 
-_run_exact_chunk = SizeDependentJit(_exact_chunk, data_argnum=1, static_argnums=(0, 10))
+_run_exact_chunk = SizeDependentJit(_exact_chunk, data_argnum=1, static_argnums=(0, 9))
 
 
 def _loop_inputs(num_steps: int, tol: Optional[float]) -> tuple:

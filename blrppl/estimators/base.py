@@ -139,6 +139,11 @@ class FactorEstimator(NamedTuple):
         -> (arrays, ok)``: the same arrays for other data of the same shapes,
         jit- and vmap-able, and whether the checks that chose this estimator
         hold there (a compiled replan, :mod:`blrppl.blr.replan`); else None.
+      constant: for exact site parameters whose E_q[log f] is affine in the
+        neighbours' mean parameters (every term reads at most one latent
+        statistic), ``(params, arrays) -> c_f = E_q[log f] - <λ̃_f, μ>``, the
+        part that does not depend on q (:func:`blrppl.blr.elbo.exact_evidence`);
+        else None.
     """
 
     factor: str
@@ -152,6 +157,7 @@ class FactorEstimator(NamedTuple):
     subsample: Any = None
     observation_sites: Any = None
     replay: Optional[Callable[[tuple], tuple[Any, Any]]] = None
+    constant: Optional[Callable[[Any, Any], Any]] = None
 
 
 def var_info(q: Any) -> VarInfo:

@@ -9,6 +9,7 @@ neighbour's mean parameters: exact, with no sampling.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import jax
@@ -80,4 +81,16 @@ def exact_estimator(
         value, grads = jax.value_and_grad(expected)(layout)
         return value, {v: qs[v].from_value_layout(grads[v]) for v in neighbours}
 
-    return FactorEstimator(factor, neighbours, Method(exact=neighbours), estimate, terms, terms)
+    # E_q[log f] is affine in μ when no term reads two latent statistics: its terms that read
+    # none are then c_f = E_q[log f] - <λ̃_f, μ>, constant in q.
+    affine = all(sum(r.var not in points for r in t.reads) <= 1 for t in terms.terms)
+
+    def constant(params, arrays):
+        analysis = arrays.factors[factor]
+        kept = tuple(t for t in analysis.terms if all(r.var in points for r in t.reads))
+        point_layout = {p: point_stats(params[p], needed[p]) for p in points}
+        return expected_value(dataclasses.replace(analysis, terms=kept), point_layout)
+
+    return FactorEstimator(
+        factor, neighbours, Method(exact=neighbours), estimate, terms, terms, constant=constant if affine else None
+    )
