@@ -247,7 +247,8 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             off_target=jnp.zeros((), bool) if checked_targets or guard else None,
         )
         if guard:
-            state = state._replace(elbo=elbo(jax.random.fold_in(init_key, 3), state, arrays))
+            value, size = elbo_and_scale(jax.random.fold_in(init_key, 3), state, arrays)
+            state = state._replace(elbo=value, elbo_scale=size)
         return state
 
     def init(rng_key: jax.Array, arrays: Any) -> BLRState:
@@ -284,12 +285,15 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         new_state = state._replace(natural=natural, site_params=sites, params=params, step=t, average=running)
         if state.off_target is not None:  # a state made by ``finish`` carries it (a Newton start's does not)
             new_state = new_state._replace(off_target=jnp.any(jnp.stack(off)) if off else jnp.zeros((), bool))
+        size = None
         if evidence:  # λ = Σ_f λ̃_f with E_q[log f] affine in μ: the ELBO is the log evidence
             value = exact_evidence(qs, estimators, natural, params, arrays, known)
+        elif state.elbo_scale is not None:  # a state made by ``finish`` (guarded) carries it
+            value, size = elbo_and_scale(elbo_key, new_state, arrays, known)
         else:
             value = elbo(elbo_key, new_state, arrays, batch, known)
         taken = ~jnp.any(jnp.stack(rejected)) if rejected else jnp.ones((), bool)
-        return new_state._replace(elbo=value if guard else None), value, taken, unbounded
+        return new_state._replace(elbo=value if guard else None, elbo_scale=size), value, taken, unbounded
 
     def step(state: BLRState, arrays: Any) -> tuple[BLRState, BLRInfo]:
         r = jnp.asarray(rho(state.step + 1), dtype=jnp.result_type(float))
@@ -358,15 +362,20 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         rng_key: jax.Array, state: BLRState, arrays: Any, batch: Optional[jax.Array] = None, known: Optional[dict] = None
     ) -> jax.Array:
         """The ELBO of q (with a minibatch, its unbiased minibatch estimate); ``known``: q's moments, if computed."""
-        return cached_elbo(rng_key, state.natural, state.params, arrays, batch, known)
+        return cached_elbo(rng_key, state.natural, state.params, arrays, batch, known)[0]
+
+    def elbo_and_scale(rng_key: jax.Array, state: BLRState, arrays: Any, known: Optional[dict] = None) -> tuple:
+        """The ELBO and the size of its terms (``BLRState.elbo_scale``), from one trace."""
+        return cached_elbo(rng_key, state.natural, state.params, arrays, None, known)
 
     @jax.jit
     def cached_elbo(rng_key, natural, params, arrays, batch, known):
-        """The ELBO's Python code, traced once per shapes (the start, the guard, each attempt)."""
+        """The ELBO's Python code, traced once per shapes (the start, the guard, each attempt), and
+        the size of its terms (left out by the compiler where unused)."""
         local_axes = sub.local_axes if sub is not None else {}
         return elbo_terms(
             rng_key, qs, estimators, natural, params, arrays, batch, plate_factors, local_axes, scale,
-            skip=plan.imputed, rows=plan.orphans, known=known, estimates=estimates,
+            skip=plan.imputed, rows=plan.orphans, known=known, estimates=estimates, with_scale=True,
         )
 
     @jax.jit

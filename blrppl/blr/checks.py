@@ -276,12 +276,20 @@ def runaway_sites(qs: Mapping[str, Any], natural: Mapping[str, Any], side: int =
     return found
 
 
-def sound_members(qs: Mapping[str, Any], natural: Mapping[str, Any], last_elbo: np.ndarray) -> np.ndarray:
+def sound_members(
+    qs: Mapping[str, Any], natural: Mapping[str, Any], last_elbo: np.ndarray, elbo_scale: Any = None
+) -> np.ndarray:
     """Per member of a batch of fits (λ and final ELBOs with a leading axis B, on the host):
-    whether its q is finite with no Gaussian q collapsed and its final ELBO finite and at most
-    1e30, so that :func:`improper_posterior_error` cannot fail it (the others are checked one by one)."""
+    whether its q is finite with no Gaussian q collapsed and its final ELBO finite, at most
+    1e30 and resolved (``elbo_scale``: ``BLRState.elbo_scale`` per member, or None), so that
+    :func:`improper_posterior_error` and :func:`unresolved_elbo_error` cannot fail it (the others
+    are checked one by one)."""
     size = len(last_elbo)
     sound = np.isfinite(last_elbo) & (last_elbo <= 1e30)
+    if elbo_scale is not None:
+        with np.errstate(all="ignore"):
+            noise = np.asarray(elbo_scale) * float(np.finfo(last_elbo.dtype).eps)
+            sound &= ~(np.isfinite(noise) & (noise > np.maximum(1.0, np.abs(last_elbo))))
     for v, q in qs.items():
         for leaf in jax.tree.leaves(natural[v]):
             sound &= np.isfinite(np.reshape(leaf, (size, -1))).all(1)
@@ -334,17 +342,78 @@ def invalid_exact_posterior_error(qs: Mapping[str, Any], elbo: Any) -> Any:
 
 def fit_error(
     qs: Mapping[str, Any], natural: Mapping[str, Any], elbo: Any, exact: bool, exact_targets: Any,
-    culprits: Optional[Callable[[], list]] = None,
+    culprits: Optional[Callable[[], list]] = None, elbo_scale: Any = None,
 ) -> Any:
     """Why a finished fit is not an answer, as a :class:`~blrppl.ModelError`, or None: an exact
     run's rejected posterior (``exact``), an ELBO without a maximum (``exact_targets``:
-    ``InferenceAlgorithm.exact_targets``; ``culprits``: see :func:`unbounded_elbo_error`), or a
-    divergence (:func:`improper_posterior_error`)."""
+    ``InferenceAlgorithm.exact_targets``; ``culprits``: see :func:`unbounded_elbo_error`), a
+    divergence (:func:`improper_posterior_error`), or an ELBO that is rounding noise
+    (``elbo_scale``: :func:`unresolved_elbo_error`)."""
     return (
         (invalid_exact_posterior_error(qs, elbo) if exact else None)
         or unbounded_elbo_error(exact_targets, elbo, culprits)
         or improper_posterior_error(qs, natural, elbo)
+        or unresolved_elbo_error(qs, natural, elbo, elbo_scale)
     )
+
+
+def unresolved_elbo_error(qs: Mapping[str, Any], natural: Mapping[str, Any], elbo: Any, elbo_scale: Any) -> Any:
+    """A :class:`~blrppl.ModelError` when a fit's last ELBO is rounding noise, else None.
+
+    ``elbo_scale`` (``BLRState.elbo_scale``, guarded fits) is the size of the terms the
+    ELBO sums, Σ_f |E_q[log f]| + Σ_v |H[q_v]|; their sum is known only to that times the
+    dtype's epsilon. Where that noise is over a nat and over |ELBO|, the ELBO has no
+    significant digit: every comparison the fit made (the guard's, convergence's) read
+    noise. It happens where q ran off along a direction on which the factors cancel, huge
+    and opposite (an improper posterior: a prior cancelled by a factor, or flat, on a
+    direction the data do not identify, such as a logistic regression on separable data,
+    where q's mean goes to 1e19 and its ELBO, 1e39 - 1e39, reads 0).
+    """
+    elbo = np.asarray(elbo)
+    if elbo_scale is None or not elbo.size or not np.issubdtype(elbo.dtype, np.floating):
+        return None
+    last, size = float(elbo[-1]), float(np.asarray(elbo_scale))
+    noise = size * float(np.finfo(elbo.dtype).eps)
+    if not (np.isfinite(last) and np.isfinite(size)) or noise <= max(1.0, abs(last)):
+        return None
+    site = (_farthest_sites(qs, natural) + list(qs))[0]
+    loc, sd = _location_and_spread(qs[site], natural[site])
+    where = f" (q of {site!r}: mean up to {loc:.3g} in size, sd up to {sd:.3g})" if np.isfinite(loc + sd) else ""
+    return ModelError(
+        f"site {site!r}: the fit's ELBO ({last:.4g}) is rounding noise: it is the sum of terms of total size "
+        f"{size:.3g}, which cancel to within {noise:.3g} in {elbo.dtype}, so the fit compared noise and its q"
+        f"{where} is no answer. q ran off (its mean, its spread or both) along a "
+        "direction on which the model's factors cancel: the posterior is improper (a flat prior, or a factor "
+        "that cancels the prior, on a direction the data do not identify, e.g. a logistic regression on "
+        "separable data); give the site a proper prior that the other factors do not cancel."
+    )
+
+
+def _location_and_spread(q: Any, lam: Any) -> tuple[float, float]:
+    """The largest |location| and the largest sd of a Gaussian q on the host (nan for others)."""
+    if not q.family.gaussian or q.family.chain:
+        return float("nan"), float("nan")
+    with np.errstate(all="ignore"):
+        if hasattr(lam, "x_sq"):
+            precision = -2.0 * np.asarray(lam.x_sq)
+            loc, var = np.asarray(lam.x) / precision, 1.0 / precision
+        else:
+            precision = -(lam.xxT + np.swapaxes(lam.xxT, -1, -2))
+            try:
+                cov = np.linalg.inv(precision)
+            except np.linalg.LinAlgError:
+                return float("nan"), float("nan")
+            loc = (cov @ np.asarray(lam.x)[..., None])[..., 0]
+            var = np.diagonal(cov, axis1=-2, axis2=-1)
+        if not np.size(loc):
+            return float("nan"), float("nan")
+        return float(np.max(np.abs(loc))), float(np.sqrt(np.max(var)))
+
+
+def _farthest_sites(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> list[str]:
+    """Gaussian variables by how far their q reaches from 0 (|location| + sd), farthest first."""
+    reach = {v: sum(_location_and_spread(q, natural[v])) for v, q in qs.items()}
+    return sorted((v for v, r in reach.items() if np.isfinite(r)), key=lambda v: -reach[v])
 
 
 def unbounded_elbo_error(targets: Any, elbo: Any, culprits: Optional[Callable[[], list]] = None) -> Any:

@@ -37,7 +37,8 @@ def elbo_terms(
     rows: Optional[Mapping[str, Any]] = None,
     known: Optional[Mapping[str, Any]] = None,
     estimates: Optional[Sequence[Any]] = None,
-) -> jax.Array:
+    with_scale: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """ELBO = Σ_f E_q[log f] + Σ_v H[q_v].
 
     Every factor is in the sum, priors included, so this equals
@@ -55,12 +56,15 @@ def elbo_terms(
     ``known``: :func:`moments` of ``natural`` when the caller has them.
     ``estimates``: per estimator, the function to call for ``est.estimate`` (the step's
     jitted ones: their traces are then shared with the site parameters').
+    ``with_scale``: also return Σ_f |E_q[log f]| + Σ_v |H[q_v]|, the size of the terms
+    whose sum the ELBO is (its rounding noise is that times the dtype's epsilon:
+    :func:`blrppl.blr.checks.unresolved_elbo_error`).
     """
     rows = rows or {}
     local_axes = local_axes or {}
     known = moments(qs, natural) if known is None else known
     mean = {v: m for v, (m, _) in known.items()}
-    total = jnp.zeros((), jnp.result_type(float))
+    terms = []
     estimates = [est.estimate for est in estimators] if estimates is None else estimates
     for i, (est, estimate) in enumerate(zip(estimators, estimates)):
         key = jax.random.fold_in(rng_key, i)
@@ -68,18 +72,22 @@ def elbo_terms(
             continue
         if batch is not None and est.factor in plate_factors:
             value, _ = estimate(key, mean, params, arrays, batch=batch)
-            total = total + scale * value
+            terms.append(scale * value)
         else:
-            total = total + estimate(key, mean, params, arrays)[0]
+            terms.append(estimate(key, mean, params, arrays)[0])
     for v, h in entropy_terms(qs, natural, known).items():
         if v in skip:
             continue
         if v in rows:
             h = jnp.where(jnp.asarray(rows[v]), h, 0.0)
         if batch is not None and v in local_axes:
-            total = total + scale * jnp.sum(jnp.take(h, batch, axis=local_axes[v]))
+            terms.append(scale * jnp.sum(jnp.take(h, batch, axis=local_axes[v])))
         else:
-            total = total + jnp.sum(h)
+            terms.append(jnp.sum(h))
+    zero = jnp.zeros((), jnp.result_type(float))
+    total = sum(terms, zero)
+    if with_scale:
+        return total, sum((jnp.abs(t) for t in terms), zero)
     return total
 
 

@@ -37,6 +37,11 @@ class BLRState(NamedTuple):
         (Newton steps: ``Laplace``) also whether some variable's target Σ_f λ̃_f
         was outside its family (the safeguard's step was taken instead; the mean
         is then not a mode). The fit flags it. Else None.
+      elbo_scale: with the ELBO guard, Σ_f |E_q[log f]| + Σ_v |H[q_v]| at the last
+        step's q, the size of the terms that ``elbo`` sums: where they cancel to within
+        rounding (a q run off along a direction the data do not identify) the ELBO is
+        noise, and the fit says so (:func:`blrppl.blr.checks.unresolved_elbo_error`).
+        Else None.
     """
 
     natural: dict
@@ -48,6 +53,7 @@ class BLRState(NamedTuple):
     rng_key: Any = None
     anchor: Any = None
     off_target: Any = None
+    elbo_scale: Any = None
 
 
 class BLRInfo(NamedTuple):

@@ -126,7 +126,7 @@ class Engine:
         """
         if natural is not None:
             algorithm = self.build(plan)
-            error = fit_error(plan.qs, natural, elbo, algorithm.exact, algorithm.exact_targets)
+            error = fit_error(plan.qs, natural, elbo, algorithm.exact, algorithm.exact_targets, None, state.elbo_scale)
             if error is not None:
                 return (f"this data set's fit failed: {error}",), True
         return self._flags(plan, state, elbo, stopped, noisy, natural), False
@@ -234,6 +234,7 @@ class Engine:
             num_run = np.asarray(num_run)
             check_finite(plan, jax.tree.map(lambda a: a[0], states), elbo[0, : num_run[0]], algorithm)
             raise ModelError(f"site {next(iter(plan.qs))!r}: every restart diverged; check the model and data.")
+        check_finite(plan, result.state, result.elbo, algorithm)  # the best is the answer: as a single run's
         return result
 
     def best_of_restarts(
@@ -320,7 +321,10 @@ def check_finite(plan: Plan, state: Any, elbo: jax.Array, algorithm: Optional[In
         :func:`~blrppl.blr.checks.unbounded_elbo_error`).
     """
     exact, targets = (algorithm.exact, algorithm.exact_targets) if algorithm is not None else (False, ())
-    error = fit_error(plan.qs, state.natural, elbo, exact, targets, lambda: _culprits(algorithm, state, plan.arrays))
+    error = fit_error(
+        plan.qs, state.natural, elbo, exact, targets, lambda: _culprits(algorithm, state, plan.arrays),
+        getattr(state, "elbo_scale", None),
+    )
     if error is not None:
         raise error
 

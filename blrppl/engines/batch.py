@@ -166,7 +166,8 @@ def _run_group(engine, plans, keys, num_steps, tol, progress_bar, arrays=None) -
     elbo = np.asarray(elbo)  # read once: per-data-set slices of device arrays would each dispatch (and compile)
     natural = jax.device_get(states.natural)  # every member's λ for the checks, in one transfer
     last = np.where(num_run > 0, elbo[np.arange(len(plans)), np.maximum(num_run - 1, 0)], np.nan)
-    sound = sound_members(first.qs, natural, last)
+    scales = None if states.elbo_scale is None else np.asarray(states.elbo_scale)
+    sound = sound_members(first.qs, natural, last, scales)
     for i, plan in enumerate(plans):
         n = int(num_run[i])
         state = _row(states, i)
@@ -201,7 +202,7 @@ def _run_group_with_restarts(engine, plans, keys, num_steps, tol, progress_bar, 
     elbo, num_run, stopped = np.asarray(elbo), np.asarray(num_run), np.asarray(stopped)  # one read each
     natural = jax.device_get(states.natural)
     last = np.where(num_run > 0, elbo[np.arange(len(num_run)), np.maximum(num_run - 1, 0)], np.nan)
-    sound = sound_members(first.qs, natural, last)
+    sound = sound_members(first.qs, natural, last, None if states.elbo_scale is None else np.asarray(states.elbo_scale))
     out = []
     for b, plan in enumerate(plans):
         rows = slice(b * count, (b + 1) * count)

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+import pytest
 
 import blrppl
 from blrppl.blr.checks import erratic, improper_posterior_error, steady_climb, unbounded_elbo_error
@@ -92,3 +93,44 @@ def test_an_elbo_without_a_maximum_is_an_error_only_where_a_step_reported_it():
     error = unbounded_elbo_error(frozenset({"mu"}), np.array([-3.0, np.inf]))
     assert isinstance(error, blrppl.ModelError) and "site 'mu': the ELBO has no maximum" in str(error)
     assert "one of ['a', 'b']" in str(unbounded_elbo_error(frozenset({"b", "a"}), np.array([np.inf], np.float32)))
+
+
+X_SEPARABLE = np.linspace(-2.0, 2.0, 20)
+Y_SEPARABLE = (X_SEPARABLE > 0).astype(float)
+
+
+def cancelled_prior_logistic(x, y=None):
+    """A logistic regression whose prior a factor cancels: flat, on data that separate (improper)."""
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+    numpyro.factor("flat", 0.5 * b**2)
+    with numpyro.plate("n", x.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(logits=b * x), obs=y)
+
+
+@pytest.mark.parametrize("engine", [blrppl.NonConjugateVI, blrppl.Laplace])
+def test_an_elbo_that_is_rounding_noise_is_an_error(engine, rng_key):
+    """q runs off to a mean of 1e19 (or an sd of 1e36) where the prior and the factor, ±1e39, cancel:
+    the ELBO reads 0 (or 84) and its steps "converge". The fit must not be returned."""
+    with pytest.raises(blrppl.ModelError, match="'b': the fit's ELBO .* is rounding noise"):
+        engine(cancelled_prior_logistic).run(rng_key, 300, X_SEPARABLE, y=Y_SEPARABLE, progress_bar=False, tol=1e-6)
+
+
+def test_a_batched_member_whose_elbo_is_noise_fails_alone(rng_key):
+    """Of two data sets, the separable one fails with the error as its flag; the other is fitted."""
+    mixed = np.where(np.arange(20) % 3 == 0, 1.0 - Y_SEPARABLE, Y_SEPARABLE)
+    batch = blrppl.NonConjugateVI(cancelled_prior_logistic).run_batched(
+        rng_key, 300, np.stack([X_SEPARABLE, X_SEPARABLE]), y=np.stack([Y_SEPARABLE, mixed]), tol=1e-6
+    )
+    assert "rounding noise" in " ".join(batch[0].flags)
+    assert not any("rounding noise" in f or "failed" in f for f in batch[1].flags)
+
+
+def test_a_proper_fit_knows_the_size_of_its_elbo_terms_and_is_not_doubted(rng_key):
+    def model(x, y=None):
+        b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+        with numpyro.plate("n", x.shape[0]):
+            numpyro.sample("y", dist.Bernoulli(logits=b * x), obs=y)
+
+    result = blrppl.NonConjugateVI(model).run(rng_key, 300, X_SEPARABLE, y=Y_SEPARABLE, progress_bar=False, tol=1e-6)
+    assert result.state.elbo_scale is not None
+    assert float(result.state.elbo_scale) >= abs(float(result.elbo[-1])) > 0
