@@ -249,6 +249,8 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         if guard:
             value, size = elbo_and_scale(jax.random.fold_in(init_key, 3), state, arrays)
             state = state._replace(elbo=value, elbo_scale=size)
+        else:  # every step measures the size of its ELBO's terms
+            state = state._replace(elbo_scale=jnp.zeros((), jnp.result_type(float)))
         return state
 
     def init(rng_key: jax.Array, arrays: Any) -> BLRState:
@@ -285,13 +287,11 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         new_state = state._replace(natural=natural, site_params=sites, params=params, step=t, average=running)
         if state.off_target is not None:  # a state made by ``finish`` carries it (a Newton start's does not)
             new_state = new_state._replace(off_target=jnp.any(jnp.stack(off)) if off else jnp.zeros((), bool))
-        size = None
         if evidence:  # λ = Σ_f λ̃_f with E_q[log f] affine in μ: the ELBO is the log evidence
-            value = exact_evidence(qs, estimators, natural, params, arrays, known)
-        elif state.elbo_scale is not None:  # a state made by ``finish`` (guarded) carries it
-            value, size = elbo_and_scale(elbo_key, new_state, arrays, known)
+            value, size = exact_evidence(qs, estimators, natural, params, arrays, known)
         else:
-            value = elbo(elbo_key, new_state, arrays, batch, known)
+            value, size = elbo_and_scale(elbo_key, new_state, arrays, batch, known)
+        size = None if state.elbo_scale is None else size  # a state made by ``finish`` carries it
         taken = ~jnp.any(jnp.stack(rejected)) if rejected else jnp.ones((), bool)
         return new_state._replace(elbo=value if guard else None, elbo_scale=size), value, taken, unbounded
 
@@ -364,9 +364,11 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         """The ELBO of q (with a minibatch, its unbiased minibatch estimate); ``known``: q's moments, if computed."""
         return cached_elbo(rng_key, state.natural, state.params, arrays, batch, known)[0]
 
-    def elbo_and_scale(rng_key: jax.Array, state: BLRState, arrays: Any, known: Optional[dict] = None) -> tuple:
+    def elbo_and_scale(
+        rng_key: jax.Array, state: BLRState, arrays: Any, batch: Optional[jax.Array] = None, known: Optional[dict] = None
+    ) -> tuple:
         """The ELBO and the size of its terms (``BLRState.elbo_scale``), from one trace."""
-        return cached_elbo(rng_key, state.natural, state.params, arrays, None, known)
+        return cached_elbo(rng_key, state.natural, state.params, arrays, batch, known)
 
     @jax.jit
     def cached_elbo(rng_key, natural, params, arrays, batch, known):

@@ -94,7 +94,7 @@ def elbo_terms(
 def exact_evidence(
     qs: Mapping[str, Any], estimators: Sequence[Any], natural: Mapping[str, Any], params: Mapping[str, Any],
     arrays: Any, known: Mapping[str, Any],
-) -> jax.Array:
+) -> tuple[jax.Array, jax.Array]:
     """The ELBO where every E_q[log f] is affine in μ and λ = Σ_f λ̃_f (an exact run's step):
 
         ELBO = Σ_f (<λ̃_f, μ> + c_f) - <λ, μ> - E_q[log h] + A(λ) = Σ_f c_f + A(λ) - E_q[log h],
@@ -102,15 +102,15 @@ def exact_evidence(
     the log evidence (Khan & Rue, Sec. 5.1), with ``c_f`` each estimator's ``constant``. It reads
     no data beyond the terms that do not touch q, and the inner products that cancel are not
     formed: no pass over μ, and no rounding of their large, opposite sums (float32).
-    ``known``: :func:`moments` of ``natural``.
+    ``known``: :func:`moments` of ``natural``. Returns the ELBO and the size of its terms
+    (as :func:`elbo_terms` with ``with_scale``).
     """
-    total = jnp.zeros((), jnp.result_type(float))
-    for est in estimators:
-        total = total + est.constant(params, arrays)
+    terms = [est.constant(params, arrays) for est in estimators]
     for v, lam in natural.items():
         log_norm = known[v][1]
-        total = total + jnp.sum(log_norm - qs[v].family.expected_log_base_measure(lam))
-    return total
+        terms.append(jnp.sum(log_norm - qs[v].family.expected_log_base_measure(lam)))
+    zero = jnp.zeros((), jnp.result_type(float))
+    return sum(terms, zero), sum((jnp.abs(t) for t in terms), zero)
 
 
 def log_joint_at_mean(

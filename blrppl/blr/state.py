@@ -37,11 +37,13 @@ class BLRState(NamedTuple):
         (Newton steps: ``Laplace``) also whether some variable's target Σ_f λ̃_f
         was outside its family (the safeguard's step was taken instead; the mean
         is then not a mode). The fit flags it. Else None.
-      elbo_scale: with the ELBO guard, Σ_f |E_q[log f]| + Σ_v |H[q_v]| at the last
-        step's q, the size of the terms that ``elbo`` sums: where they cancel to within
-        rounding (a q run off along a direction the data do not identify) the ELBO is
-        noise, and the fit says so (:func:`blrppl.blr.checks.unresolved_elbo_error`).
-        Else None.
+      elbo_scale: Σ_f |E_q[log f]| + Σ_v |H[q_v]| at the last step's q, the size of
+        the terms whose sum is the step's ELBO (0 before a first step unless guarded):
+        where they cancel to within rounding (a q run off along a direction the data do
+        not identify) the ELBO is noise, and the fit says so
+        (:func:`blrppl.blr.checks.unresolved_elbo_error`). Carried by every state that
+        ``init`` makes (one structure whichever algorithm of the plan steps it: EM's
+        exact E-step too); None in a Newton start's own steps.
     """
 
     natural: dict
