@@ -103,3 +103,45 @@ def test_tol_stops_each_restart_and_resuming_continues_all(rng_key):
     assert np.all(np.asarray(resumed.restarts.state.step) == steps + 2)
     with pytest.raises(ValueError, match="restarts"):
         engine.run(rng_key, 2, *args, progress_bar=False, num_restarts=3, init_state=result.state, **kwargs)
+
+
+def test_restart_points_of_gamma_based_families_have_q_s_mean_and_spread():
+    """``restart_draw`` (log-normal, no rejection loop) matches q's mean and variance."""
+    from blrppl.families import beta, dirichlet, gamma, inverse_gamma
+
+    key = jax.random.key(3)
+    n = 40_000
+    cases = [
+        (gamma.GAMMA, gamma.from_usual(jnp.asarray([0.7, 3.0]), jnp.asarray([2.0, 0.5]))),
+        (inverse_gamma.INVERSE_GAMMA, inverse_gamma.from_usual(jnp.asarray([6.0]), jnp.asarray([2.0]))),
+        (beta.BETA, beta.from_usual(jnp.asarray([2.0, 0.8]), jnp.asarray([5.0, 0.8]))),
+        (dirichlet.DIRICHLET, dirichlet.from_usual(jnp.asarray([1.0, 2.0, 7.0]))),
+    ]
+    for family, natural in cases:
+        draws = np.asarray(family.restart_draw(key, natural, (n,)))
+        exact = np.asarray(family.sample(key, natural, (n,)))
+        assert np.all(np.isfinite(draws)) and draws.shape == exact.shape
+        np.testing.assert_allclose(draws.mean(0), exact.mean(0), rtol=0.05, err_msg=family.name)
+        if family.name == "Gamma":  # matched variance (the others: their Gamma components')
+            np.testing.assert_allclose(draws.var(0), exact.var(0), rtol=0.1, err_msg=family.name)
+
+
+def test_the_start_computes_no_mean_a_prior_factor_does_not_read(rng_key):
+    """Starting trans, mu and tau of an HMM reads their own means, not the chain's
+    (a forward-backward per variable started)."""
+    import dataclasses
+
+    from blrppl.blr.starts import initial_natural
+
+    entry = ZOO["hmm"]
+    args, kwargs = entry.data()
+    plan = blrppl.VMP(entry.model).plan(*args, **kwargs)
+
+    def refused(_):
+        raise AssertionError("the chain's mean parameters were computed")
+
+    chain = next(v for v, q in plan.qs.items() if q.family.chain)
+    qs = dict(plan.qs)
+    qs[chain] = dataclasses.replace(qs[chain], family=qs[chain].family._replace(mean_params=refused))
+    natural = initial_natural(rng_key, plan.graph, qs, plan.estimators, plan.arrays)
+    assert set(natural) == set(plan.qs)

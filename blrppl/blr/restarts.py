@@ -4,8 +4,9 @@ Restart 0 starts where a plain ``run`` starts (the prior pushed through the
 graph, k-means++ responsibilities for categorical latents, the user's
 ``init``), with the same keys, so it *is* the plain run. Restarts 1..C-1 start
 from random points: each q whose family allows it (``random_restart``) is
-re-centred at a draw from its starting q (its spread kept, the family's
-``start_at``), categorical latents get their own random responsibilities,
+re-centred at a random point drawn around its starting q (its spread kept, the
+family's ``start_at``; the point is a draw from q, or for Gamma-based q's a
+log-normal draw with q's mean and variance, ``restart_draw``), categorical latents get their own random responsibilities,
 point estimates (EM) move by a standard normal step on their unconstrained
 space, and sites the user fixed with ``init=`` keep that start. The C runs are
 one ``jax.vmap`` of the compiled driver loop
@@ -58,7 +59,7 @@ def random_start(rng_key: jax.Array, qs: Mapping[str, Any], natural: Mapping[str
     for i, (v, q) in enumerate(qs.items()):
         if v in keep or not q.family.random_restart or q.family.start_at is None:
             continue
-        draw = q.family.sample(keys[i], natural[v], ())
+        draw = (q.family.restart_draw or q.family.sample)(keys[i], natural[v], ())
         out[v] = q.family.start_at(natural[v], draw)
     return out
 

@@ -86,7 +86,9 @@ def initial_natural(
         priors = _prior_factors(graph, v)
         if not priors:
             continue
-        mean = {u: qs[u].family.mean_params(natural[u]) for u in natural}
+        # The means of the prior factors' neighbours only: another variable's (a chain's
+        # forward-backward) would be traced, and compiled, once per variable started.
+        mean = {u: qs[u].family.mean_params(natural[u]) for f in priors for u in by_factor[f].neighbours}
         messages = [by_factor[f].estimate(key, mean, arrays.params, arrays)[1][v] for f in priors]
         natural[v] = jax.tree.map(lambda *xs: sum(xs[1:], xs[0]), *messages)
     for v, start in (init or {}).items():

@@ -81,6 +81,11 @@ class ExpFamily(NamedTuple):
         random_restart: restarts re-centre q at a draw from itself
             (``False``: q keeps its default start, e.g. random
             responsibilities or a chain).
+        restart_draw: ``(rng_key, λ, sample_shape) -> x`` shaped like
+            ``sample``: the random point a restart re-centres q at, where a
+            cheaper approximate draw than ``sample`` serves (a log-normal with
+            q's mean and variance for Gamma-based families: no rejection
+            loop in the restarts' start program); None: ``sample``.
         safe_step: ``(λ, λ̂, ρ) -> λ``, the BLR step (Eq. 58) kept in the
             natural parameter space (Gaussians: the improved BLR of Lin,
             Schmidt & Khan 2020); None for the plain step with step halving.
@@ -128,6 +133,7 @@ class ExpFamily(NamedTuple):
     fixed_support: Any = None
     start_at: Optional[Callable] = None
     random_restart: bool = True
+    restart_draw: Optional[Callable] = None
     safe_step: Optional[Callable] = None
     index_valued: bool = False
     support_probs: Optional[Callable] = None

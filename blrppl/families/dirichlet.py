@@ -24,7 +24,7 @@ from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
 from blrppl.families import common
-from blrppl.families.gamma_draws import dirichlet_draws
+from blrppl.families.gamma_draws import dirichlet_draws, restart_log_gamma
 from blrppl.families.base import ExpFamily
 from blrppl.families.layout import elementwise_layout
 
@@ -170,6 +170,14 @@ def sample(
     return dirichlet_draws(rng_key, alpha, shape, alpha.dtype)
 
 
+def restart_draw(rng_key: PRNGKey, natural: DirichletStats, sample_shape: tuple = ()) -> Array:
+    """A random point for a restart: normalised log-normal components with the mean and variance
+    of the Dirichlet's Gamma components (cheap to compile)."""
+    alpha = natural.log_x + 1.0
+    log_g = restart_log_gamma(rng_key, alpha, tuple(sample_shape) + alpha.shape, alpha.dtype)
+    return jnp.exp(log_g - jax.scipy.special.logsumexp(log_g, -1, keepdims=True))
+
+
 def is_valid(natural: DirichletStats) -> Array:
     """Return every α_k > 0 (λ_k > -1) and finite, batch shaped."""
     alpha = natural.log_x + 1.0
@@ -198,6 +206,7 @@ DIRICHLET = ExpFamily(
     from_numpyro=from_numpyro,
     to_numpyro=to_numpyro,
     sample=sample,
+    restart_draw=restart_draw,
     is_valid=is_valid,
     batch_shape=lambda natural: tuple(jnp.shape(natural.log_x)[:-1]),
     kind="dirichlet",

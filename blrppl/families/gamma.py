@@ -25,7 +25,7 @@ from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
 from blrppl.families import common
-from blrppl.families.gamma_draws import gamma_draws
+from blrppl.families.gamma_draws import gamma_draws, restart_log_gamma
 from blrppl.families.base import ExpFamily
 from blrppl.families.layout import elementwise_layout
 
@@ -151,6 +151,12 @@ def sample(rng_key: PRNGKey, natural: GammaStats, sample_shape: tuple = ()) -> A
     return gamma_draws(rng_key, a, shape, a.dtype) / b
 
 
+def restart_draw(rng_key: PRNGKey, natural: GammaStats, sample_shape: tuple = ()) -> Array:
+    """A random point for a restart: log-normal with q's mean and variance (cheap to compile)."""
+    a, b = _shape_rate(natural)
+    return jnp.exp(restart_log_gamma(rng_key, a, tuple(sample_shape) + jnp.shape(a), a.dtype)) / b
+
+
 def is_valid(natural: GammaStats) -> Array:
     """Return a > 0 and b > 0 (λ₁ > -1, λ₂ < 0), elementwise."""
     a, b = _shape_rate(natural)
@@ -179,6 +185,7 @@ GAMMA = ExpFamily(
     from_numpyro=from_numpyro,
     to_numpyro=to_numpyro,
     sample=sample,
+    restart_draw=restart_draw,
     is_valid=is_valid,
     batch_shape=lambda natural: tuple(jnp.shape(natural.x)),
     kind="gamma",

@@ -79,3 +79,17 @@ def dirichlet_draws(rng_key: jax.Array, concentration: Any, shape: tuple, dtype:
     concentration = jnp.asarray(concentration, dtype)
     log_g = log_gamma_draws(rng_key, concentration, tuple(shape) + concentration.shape[-1:], dtype)
     return jnp.exp(log_g - jax.scipy.special.logsumexp(log_g, -1, keepdims=True))
+
+
+def restart_log_gamma(rng_key: jax.Array, concentration: Any, shape: tuple, dtype: Any) -> jax.Array:
+    """log X for X log-normal with the mean and variance of Gamma(concentration, rate 1):
+    log X ~ N(log α - s² / 2, s²), s² = log(1 + 1 / α).
+
+    A random point for a restart's start (:data:`ExpFamily.restart_draw`), not a Gamma draw:
+    normal draws and a few logs, where an exact sampler's rejection loop and its
+    reparameterisation gradient are a large part of the restarts' start program (its
+    tracing and compilation, for every Gamma, Dirichlet, Beta and inverse Gamma q).
+    """
+    alpha = jnp.broadcast_to(jnp.asarray(concentration, dtype), shape)
+    spread = jnp.log1p(1.0 / alpha)
+    return jnp.log(alpha) - 0.5 * spread + jnp.sqrt(spread) * jax.random.normal(rng_key, shape, dtype)

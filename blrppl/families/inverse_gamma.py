@@ -24,7 +24,7 @@ from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
 from blrppl.families import common
-from blrppl.families.gamma_draws import log_gamma_draws
+from blrppl.families.gamma_draws import log_gamma_draws, restart_log_gamma
 from blrppl.families.base import ExpFamily
 from blrppl.families.layout import elementwise_layout
 from blrppl.families.gamma import solve_log_minus_digamma
@@ -117,6 +117,13 @@ def sample(
     return b * jnp.exp(-log_gamma_draws(rng_key, a, shape, a.dtype))
 
 
+def restart_draw(rng_key: PRNGKey, natural: InverseGammaStats, sample_shape: tuple = ()) -> Array:
+    """A random point for a restart: b / g with g log-normal with the mean and variance of
+    Gamma(a, 1) (cheap to compile)."""
+    a, b = _shape_scale(natural)
+    return b * jnp.exp(-restart_log_gamma(rng_key, a, tuple(sample_shape) + jnp.shape(a), a.dtype))
+
+
 def is_valid(natural: InverseGammaStats) -> Array:
     """Return a > 0 and b > 0 (λ₁ < -1, λ₂ < 0), elementwise."""
     a, b = _shape_scale(natural)
@@ -145,6 +152,7 @@ INVERSE_GAMMA = ExpFamily(
     from_numpyro=from_numpyro,
     to_numpyro=to_numpyro,
     sample=sample,
+    restart_draw=restart_draw,
     is_valid=is_valid,
     batch_shape=lambda natural: tuple(jnp.shape(natural.inv_x)),
     kind="inverse_gamma",
