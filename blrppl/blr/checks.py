@@ -138,6 +138,71 @@ def off_target(state: Any) -> tuple[str, ...]:
     )
 
 
+AVERAGE_DRIFT_NATS = 10.0
+"""A Monte Carlo fit whose averaged q is this many nats (KL, either way) from its last iterate is flagged."""
+
+
+def drifted_average(qs: Mapping[str, Any], state: Any) -> tuple[str, ...]:
+    """A flag when an averaged fit's reported q (the average of its iterates) is far from its last
+    iterate: a KL over ``AVERAGE_DRIFT_NATS`` either way for some Gaussian block.
+
+    Iterate averaging (Monte Carlo site parameters) averages natural parameters, so one early
+    iterate of enormous precision (a first step whose estimates overflowed under a broad start)
+    outweighs every later one for thousands of steps: the iterates settle while the reported q
+    stays pinned where that iterate was. Converged averages sit within Monte Carlo noise of their
+    iterate (a fraction of a nat).
+    """
+    average = getattr(state, "average", None)
+    if average is None:
+        return ()
+    far = []
+    for v, q in qs.items():
+        if not q.family.gaussian or q.family.chain:
+            continue
+        kl = _gaussian_kl(average[v], state.natural[v])
+        if kl is not None and kl > AVERAGE_DRIFT_NATS:
+            far.append((v, kl))
+    if not far:
+        return ()
+    v, kl = max(far, key=lambda item: item[1])
+    return (
+        f"the reported q of {v!r} (the average of the Monte Carlo iterates) is {kl:.3g} nats (KL) from the last "
+        "iterate: early iterates dominate the average (a first step whose estimates were extreme under a broad "
+        "start, or a run that has not settled), so the average is not the fit's answer; run longer, start "
+        "elsewhere (init=...), or use a deterministic estimator (estimator='cubature' or 'delta')",
+    )
+
+
+def _gaussian_kl(first: Any, second: Any) -> Optional[float]:
+    """max over blocks of KL(q1 || q2) and KL(q2 || q1) of two Gaussian λ on the host (None if not proper)."""
+    def moments(lam):
+        if hasattr(lam, "x_sq"):
+            precision = -2.0 * np.asarray(lam.x_sq, float)[..., None, None]
+            x = np.asarray(lam.x, float)[..., None]
+        else:
+            xxt = np.asarray(lam.xxT, float)
+            precision, x = -(xxt + np.swapaxes(xxt, -1, -2)), np.asarray(lam.x, float)
+        return precision, np.linalg.solve(precision, x[..., None])[..., 0]
+
+    def kl(p0, m0, p1, m1):
+        d = m0.shape[-1]
+        cov0 = np.linalg.inv(p0)
+        diff = (m1 - m0)[..., None]
+        _, logdet0 = np.linalg.slogdet(p0)
+        _, logdet1 = np.linalg.slogdet(p1)
+        quad = (np.swapaxes(diff, -1, -2) @ p1 @ diff)[..., 0, 0]
+        return 0.5 * (np.trace(p1 @ cov0, axis1=-2, axis2=-1) + quad - d + logdet0 - logdet1)
+
+    with np.errstate(all="ignore"):
+        try:
+            p0, m0 = moments(first)
+            p1, m1 = moments(second)
+            both = np.maximum(kl(p0, m0, p1, m1), kl(p1, m1, p0, m0))
+        except np.linalg.LinAlgError:
+            return None
+    return float(np.max(both)) if np.size(both) and np.all(np.isfinite(both)) else None
+
+
 def steady_climb(elbo: Any, stopped: bool) -> tuple[str, ...]:
     """A flag when an unfinished run's ELBO was still rising at an undiminished rate.
 

@@ -193,8 +193,12 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
     if orphans:
         estimators = _integrate_orphans(graph, orphans, estimators, qs, examples, init_params, config)
     start_estimators = ()
-    if config.blocks != "all":  # one full Gaussian starts from the prior: a Newton start would chase
-        # the joint mode, which a centred hierarchy has at a group scale of zero
+    # One full Gaussian starts from the prior: a Newton start would chase the joint mode, which a
+    # centred hierarchy has at a group scale of zero. But Monte Carlo site parameters under the
+    # prior can be astronomically large (E_q[exp(sd * eff)] with a broad q on log sd and eff), and
+    # their first step collapses q where it starts (a non-centred Poisson hierarchy: q of mu and sd
+    # pinned at their start): such a block gets the Newton start too.
+    if config.blocks != "all" or any(e.method.estimator == "mc" for e in estimators):
         start_estimators = _start_estimators(graph, estimators, qs, examples, init_params, config)
     graph = with_verdicts(graph, verdicts)
     if config.posterior_in_family:

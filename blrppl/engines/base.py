@@ -19,7 +19,7 @@ import numpy as np
 from blrppl.blr import driver
 from blrppl.blr.build import build_blr, judged_by_mode
 from blrppl.blr.checks import (
-    boundary_estimates, fell_from_best, fit_error, off_target, steady_climb, vanishing_sites,
+    boundary_estimates, drifted_average, fell_from_best, fit_error, off_target, steady_climb, vanishing_sites,
 )
 from blrppl.blr.config import Config
 from blrppl.blr.plan import Plan, make_plan
@@ -111,7 +111,9 @@ class Engine:
         # (Newton steps climb log p̄(m), not the ELBO: their ELBO may fall on the way to the mode.)
         ascent = not noisy and plan.subsample is None and not judged_by_mode(plan)
         fell = fell_from_best(plan.qs, natural, elbo) if ascent else ()
-        return off_target(state) + (fell or (steady_climb(elbo, stopped) + vanishing_sites(plan.qs, natural)))
+        return off_target(state) + drifted_average(plan.qs, state) + (
+            fell or (steady_climb(elbo, stopped) + vanishing_sites(plan.qs, natural))
+        )
 
     def batch_member_flags(
         self, plan: Plan, state: Any, elbo: np.ndarray, stopped: bool, noisy: bool, natural: Any = None
