@@ -325,15 +325,9 @@ def runaway_sites(qs: Mapping[str, Any], natural: Mapping[str, Any], side: int =
     for v, q in qs.items():
         if not q.family.gaussian or q.family.chain or q.transform is None:
             continue
-        lam = natural[v]
-        if hasattr(lam, "x_sq"):
-            loc = lam.x / (-2.0 * lam.x_sq)
-        else:
-            precision = -(lam.xxT + np.swapaxes(lam.xxT, -1, -2))
-            try:
-                loc = np.linalg.solve(precision, lam.x[..., None])[..., 0]
-            except np.linalg.LinAlgError:
-                continue
+        loc = _gaussian_moments(natural[v])[0]
+        if loc is None:
+            continue
         with np.errstate(all="ignore"):
             past = np.abs(loc) if side == 0 else side * np.asarray(loc)
             if bool(np.any(past > RUNAWAY_LOC)):
@@ -458,21 +452,26 @@ def _location_and_spread(q: Any, lam: Any) -> tuple[float, float]:
     """The largest |location| and the largest sd of a Gaussian q on the host (nan for others)."""
     if not q.family.gaussian or q.family.chain:
         return float("nan"), float("nan")
+    loc, var = _gaussian_moments(lam)
+    if loc is None or not np.size(loc):
+        return float("nan"), float("nan")
+    with np.errstate(all="ignore"):
+        return float(np.max(np.abs(loc))), float(np.sqrt(np.max(var)))
+
+
+def _gaussian_moments(lam: Any) -> tuple[Any, Any]:
+    """Means and variances of a Gaussian λ (Normal: ``x``, ``x_sq``; MVN: ``x``, ``xxT``) on the
+    host, or ``(None, None)`` where its precision is singular."""
     with np.errstate(all="ignore"):
         if hasattr(lam, "x_sq"):
             precision = -2.0 * np.asarray(lam.x_sq)
-            loc, var = np.asarray(lam.x) / precision, 1.0 / precision
-        else:
-            precision = -(lam.xxT + np.swapaxes(lam.xxT, -1, -2))
-            try:
-                cov = np.linalg.inv(precision)
-            except np.linalg.LinAlgError:
-                return float("nan"), float("nan")
-            loc = (cov @ np.asarray(lam.x)[..., None])[..., 0]
-            var = np.diagonal(cov, axis1=-2, axis2=-1)
-        if not np.size(loc):
-            return float("nan"), float("nan")
-        return float(np.max(np.abs(loc))), float(np.sqrt(np.max(var)))
+            return np.asarray(lam.x) / precision, 1.0 / precision
+        xxt = np.asarray(lam.xxT)
+        try:
+            cov = np.linalg.inv(-(xxt + np.swapaxes(xxt, -1, -2)))
+        except np.linalg.LinAlgError:
+            return None, None
+        return (cov @ np.asarray(lam.x)[..., None])[..., 0], np.diagonal(cov, axis1=-2, axis2=-1)
 
 
 def _farthest_sites(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> list[str]:

@@ -84,11 +84,8 @@ def elbo_terms(
             terms.append(scale * jnp.sum(jnp.take(h, batch, axis=local_axes[v])))
         else:
             terms.append(jnp.sum(h))
-    zero = jnp.zeros((), jnp.result_type(float))
-    total = sum(terms, zero)
-    if with_scale:
-        return total, sum((jnp.abs(t) for t in terms), zero)
-    return total
+    total, size = total_and_size(terms)
+    return (total, size) if with_scale else total
 
 
 def exact_evidence(
@@ -109,6 +106,11 @@ def exact_evidence(
     for v, lam in natural.items():
         log_norm = known[v][1]
         terms.append(jnp.sum(log_norm - qs[v].family.expected_log_base_measure(lam)))
+    return total_and_size(terms)
+
+
+def total_and_size(terms: Sequence[jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """``(Σ t, Σ |t|)`` of an ELBO's terms: the ELBO and the size of what it sums (``BLRState.elbo_scale``)."""
     zero = jnp.zeros((), jnp.result_type(float))
     return sum(terms, zero), sum((jnp.abs(t) for t in terms), zero)
 

@@ -69,11 +69,14 @@ def exact_estimator(
         raise NonConjugate(neighbours[0] if neighbours else None, str(error)) from None
     needed = {p: stats_needed(terms.terms, p) for p in points}
 
+    def points_layout(params):
+        return {p: point_stats(params[p], needed[p]) for p in points}
+
     def estimate(rng_key, mean, params, arrays, batch=None):
         del rng_key  # Exact: no randomness.
         analysis = arrays.factors[factor]
         layout = {v: qs[v].to_value_layout(mean[v]) for v in neighbours}
-        point_layout = {p: point_stats(params[p], needed[p]) for p in points}
+        point_layout = points_layout(params)
 
         def expected(layout):
             return expected_value(analysis, {**layout, **point_layout}, batch)
@@ -88,7 +91,7 @@ def exact_estimator(
     def constant(params, arrays):
         analysis = arrays.factors[factor]
         kept = tuple(t for t in analysis.terms if all(r.var in points for r in t.reads))
-        point_layout = {p: point_stats(params[p], needed[p]) for p in points}
+        point_layout = points_layout(params)
         return expected_value(dataclasses.replace(analysis, terms=kept), point_layout)
 
     return FactorEstimator(
