@@ -152,7 +152,7 @@ def _joint_block(facts: Facts) -> Optional[str]:
     if not facts.nonconjugate or facts.plan is None or facts.params:
         return None
     try:
-        blocks = nonconjugate_block(facts.graph)
+        blocks = nonconjugate_block(facts.graph, facts.plan)  # its verdicts, where its q are mean-field
     except ModelError:  # larger than any full Gaussian: mean-field
         return None
     if not blocks or len(blocks[0]) < 2:

@@ -55,3 +55,31 @@ def test_every_rule_names_an_engine():
     assert [rule.engine for rule in RULES] == ["SVI", "EM", "ConjugateBayes", "VMP", "NonConjugateVI", "NonConjugateVI"]
     assert [dict(rule.options) for rule in RULES][-2:] == [{"blocks": "all"}, {}]
     assert all(rule.engine in ENGINES for rule in RULES)
+
+
+def poisson_hierarchy(g, y=None):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 2.0))
+    sd = numpyro.sample("sd", dist.HalfNormal(1.0))
+    with numpyro.plate("grp", 3):
+        eff = numpyro.sample("eff", dist.Normal(0.0, 1.0))
+    with numpyro.plate("obs", g.shape[0]):
+        numpyro.sample("y", dist.Poisson(jnp.exp(mu + sd * eff[g])), obs=y)
+
+
+def test_the_joint_block_rule_reads_the_plans_verdicts(monkeypatch):
+    import numpy as np
+
+    from blrppl.blr import plan as plan_module
+
+    g, y = np.repeat(np.arange(3), 4), np.arange(12) % 4
+    graph = blrppl.NonConjugateVI(poisson_hierarchy).plan(g, y=y).graph
+    reference = plan_module.nonconjugate_block(graph)
+    assert reference == [("mu", "sd", "eff")]
+    analysed = []
+    original = plan_module.graph_verdicts
+    monkeypatch.setattr(plan_module, "graph_verdicts", lambda *a: analysed.append(1) or original(*a))
+    choice = blrppl.choose(poisson_hierarchy, g, y=y)
+    assert choice.engine.config.blocks == "all" and not analysed  # no second analysis of every factor
+    # A plan whose q differ (a joined block) is not read: the factors are analysed again.
+    joined = blrppl.NonConjugateVI(poisson_hierarchy, blocks=[("mu", "sd")]).plan(g, y=y)
+    assert plan_module.nonconjugate_block(graph, joined) == reference and analysed

@@ -296,22 +296,27 @@ def joint_gaussian_blocks(graph: FactorGraph, candidates) -> list[tuple[str, ...
     return out
 
 
-def nonconjugate_block(graph: FactorGraph) -> list[tuple[str, ...]]:
+def nonconjugate_block(graph: FactorGraph, planned: Optional[Plan] = None) -> list[tuple[str, ...]]:
     """``blocks="all"`` of NonConjugateVI: one block over the continuous latents of non-conjugate factors.
 
     Every continuous, non-chain latent that neighbours a factor with a
     non-conjugate edge (under mean-field q) joins one full Gaussian on the
     unconstrained space; the others keep their own (exact) q. A single site
-    whose q is already one full Gaussian is left as it is.
+    whose q is already one full Gaussian is left as it is. ``planned``: a
+    plan of ``graph`` whose verdicts are read instead of analysing every
+    factor again, where its q are these mean-field ones.
 
     Raises:
       ModelError: when the block would exceed ``MAX_JOINT_SIZE`` scalars.
     """
     qs = {name: variable_q(node, graph.plates) for name, node in graph.variables.items()}
-    transforms = {v: q.transform for v, q in qs.items() if q.transform is not None}
-    examples = q_space_examples(example_latents(graph), transforms)
-    params, _ = param_examples(graph)
-    verdicts = graph_verdicts(graph, qs, {}, examples, params)
+    if planned is not None and _same_qs(planned.qs, qs):
+        verdicts = planned.verdicts
+    else:
+        transforms = {v: q.transform for v, q in qs.items() if q.transform is not None}
+        examples = q_space_examples(example_latents(graph), transforms)
+        params, _ = param_examples(graph)
+        verdicts = graph_verdicts(graph, qs, {}, examples, params)
     touching = {
         v for f, edges in verdicts.items() if any(e.conjugate is False for e in edges.values())
         for v in graph.factors[f].neighbours
@@ -333,6 +338,15 @@ def nonconjugate_block(graph: FactorGraph) -> list[tuple[str, ...]]:
             f"more than {MAX_JOINT_SIZE}; name smaller blocks=[...] or use the mean-field default."
         )
     return [tuple(sites)]
+
+
+def _same_qs(planned: Mapping[str, VariableQ], qs: Mapping[str, VariableQ]) -> bool:
+    """Whether a plan's q are ``qs``: the same variables, families, shapes and transforms."""
+    return planned.keys() == qs.keys() and all(
+        (p.family.name, tuple(p.shape), p.num_batch, p.joint, type(p.transform))
+        == (q.family.name, tuple(q.shape), q.num_batch, q.joint, type(q.transform))
+        for p, q in ((planned[v], qs[v]) for v in qs)
+    )
 
 
 def hyperparameter_blocks(graph: FactorGraph) -> tuple:

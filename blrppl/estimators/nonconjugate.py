@@ -35,7 +35,7 @@ import numpy as np
 import numpyro.distributions as dist
 from numpyro.distributions.transforms import IdentityTransform
 
-from blrppl.compile_mode import structure_of, to_device
+from blrppl.compile_mode import probe, structure_of
 from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, Method, factor_log_density, owner
 from blrppl.estimators.cubature import MAX_CUBATURE_DIM, cubature, mvn_value_grad_hessian
@@ -356,19 +356,24 @@ def expectation_over(
 def _separable_in_time(log_density, examples, neighbours, v, num_axes: int = 1, num_masks: int = 3) -> bool:
     """Whether log f's Hessian in the chain ``v`` is block diagonal over (sequence, time) (random masks).
 
-    ``num_axes``: the leading axes of the chain's value that index sequences and time.
+    ``num_axes``: the leading axes of the chain's value that index sequences and time. The
+    Hessian-vector products of every mask are one compiled program (:func:`probe`), not
+    eager operations (60 one-operation compilations, 0.7 s, on a stochastic volatility model).
     """
-    x0 = jnp.asarray(examples[v], dtype=float)
+    x0 = np.asarray(examples[v], dtype=jnp.result_type(float))
     rest = {k: examples[k] for k in neighbours if k != v}
     grad = jax.grad(lambda x: log_density({**rest, v: x}, {}))
     rng = np.random.default_rng(0)
+    masks = []
     for _ in range(num_masks):
         keep = rng.random(x0.shape[:num_axes]) < 0.5
-        mask = jnp.asarray(keep.reshape(keep.shape + (1,) * (x0.ndim - num_axes)), x0.dtype)
-        probe = jnp.asarray(rng.normal(size=x0.shape), x0.dtype) * mask
-        response = jax.jvp(grad, (x0,), (probe,))[1]
-        leak = jnp.max(jnp.abs(response * (1.0 - mask)))
-        if not bool(leak <= 1e-8 * (1.0 + jnp.max(jnp.abs(response)))):
+        masks.append(keep.reshape(keep.shape + (1,) * (x0.ndim - num_axes)).astype(x0.dtype))
+    directions = [rng.normal(size=x0.shape).astype(x0.dtype) * mask for mask in masks]
+    responses = probe(lambda x, ds: [jax.jvp(grad, (x,), (d,))[1] for d in ds])(x0, directions)
+    for mask, response in zip(masks, responses):
+        response = np.asarray(response)
+        leak = np.max(np.abs(response * (1.0 - mask)))
+        if not leak <= 1e-8 * (1.0 + np.max(np.abs(response))):
             return False
     return True
 
@@ -487,15 +492,17 @@ def _single_quadrature(graph, factor, qs, examples, transforms, fixed, v) -> boo
     if q.family.event_ndim == 1:
         return not q.num_batch and math.prod(q.block_shape) <= 2
     log_density = factor_log_density(graph, factor, transforms, fixed, use_canonical=False)
-    x0 = jnp.asarray(examples[v], dtype=float)
+    x0 = np.asarray(examples[v], dtype=jnp.result_type(float))
     if x0.size <= 1:
         return True
     grad = jax.grad(lambda x: log_density({v: x}, {}))
-    probe = to_device(np.random.default_rng(0).normal(size=x0.shape).astype(x0.dtype))
-    diagonal = jax.jvp(grad, (x0,), (jnp.ones_like(x0),))[1]
-    directional = jax.jvp(grad, (x0,), (probe,))[1]
-    separable = jnp.max(jnp.abs(directional - diagonal * probe)) <= 1e-8 * (1.0 + jnp.max(jnp.abs(diagonal)))
-    return bool(separable)
+    direction = np.random.default_rng(0).normal(size=x0.shape).astype(x0.dtype)
+
+    def products(x, d):  # one compiled program (:func:`probe`), not eager operations
+        return jax.jvp(grad, (x,), (jnp.ones_like(x),))[1], jax.jvp(grad, (x,), (d,))[1]
+
+    diagonal, directional = (np.asarray(a) for a in probe(products)(x0, direction))
+    return bool(np.max(np.abs(directional - diagonal * direction)) <= 1e-8 * (1.0 + np.max(np.abs(diagonal))))
 
 
 def calls_lapack(log_density: Callable, values: Mapping[str, Any]) -> bool:
