@@ -208,9 +208,25 @@ def _gather_axis(
         new_labels = list(labels)
         new_labels[axis] = sub.labels[0]
         return array, new_labels
-    moved = np.moveaxis(array, axis, 0)
-    taken = moved[sub.array]  # shape sub.array.shape + rest
-    rest = [lab for i, lab in enumerate(labels) if i != axis]
+    # Axes that already carry one of the index's labels are read along the index's own
+    # coordinates (their diagonal), not crossed with it: a masked step of an HMM over
+    # (T, N) gathered a (T, N, T, N, D) operand into a (T, N, D, T, N, T, N) array (2 GB at
+    # T = 24, N = 16) before the diagonal was taken.
+    shared = [i for i, lab in enumerate(labels) if i != axis and lab in sub.labels]
+    grid = sub.array.shape
+    index = [sub.array]
+    for i in shared:
+        position = sub.labels.index(labels[i])
+        size = array.shape[i]
+        if size not in (1, grid[position]):
+            shared = []  # sizes that do not match (a broadcast index): cross, then take the diagonal
+            index = [sub.array]
+            break
+        coords = np.arange(grid[position]) if size > 1 else np.zeros(grid[position], int)
+        index.append(coords.reshape([-1 if d == position else 1 for d in range(len(grid))]))
+    moved = np.moveaxis(array, [axis] + shared, list(range(1 + len(shared))))
+    taken = moved[tuple(index)]  # shape sub.array.shape + rest
+    rest = [lab for i, lab in enumerate(labels) if i != axis and i not in shared]
     return taken, list(sub.labels) + rest
 
 
