@@ -256,7 +256,7 @@ def factor_log_density(
             if name == own:
                 jacobian = jnp.sum(transform.log_abs_det_jacobian(value, constrained[name]))
         plate_indices = None if indices is None else {subsample.name: indices}
-        replayed = replay(graph, constrained, params, plate_indices, data=data)
+        replayed = replay(graph, constrained, params, plate_indices, data=data, sites=node.site_names)
         # A factor joining a loop chain's steps sums its sites' log densities.
         log_probs = [_site_log_density(replayed[site], indices) for site in node.site_names]
         if split_jacobian:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Optional, 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro
 import numpyro.distributions as dist
 from numpyro import handlers
 from numpyro.distributions import constraints
@@ -89,6 +90,7 @@ def run_model(
     *,
     placeholders: bool = False,
     validate: bool = False,
+    needed: frozenset = frozenset(),
 ) -> ModelRun:
     """Run ``model`` once under ``seed(0)`` and ``trace``, capturing constructor calls.
 
@@ -106,6 +108,8 @@ def run_model(
             the compiled steps re-run the model with it off, since it
             evaluates every constructor's constraints eagerly (about a third
             of the planning time).
+        needed: the only sites the caller reads: the run stops at the first
+            message after all of them are recorded (see :func:`replay`).
 
     Returns:
         The trace and the names of latent-looking sites whose value the
@@ -131,9 +135,33 @@ def run_model(
 
     with capturing_constructors(), validation_enabled(validate):
         with handlers.trace() as trace, handlers.seed(rng_seed=_seed_zero()):
-            with handlers.substitute(substitute_fn=substitute_fn):
-                model(*model_args, **model_kwargs)
+            with handlers.substitute(substitute_fn=substitute_fn), _StopAfter(needed, trace):
+                try:
+                    model(*model_args, **model_kwargs)
+                except _Enough:
+                    pass
     return ModelRun(trace, frozenset(fixed))
+
+
+class _Enough(BaseException):
+    """Raised inside a replay once every needed site is recorded: the model's later code is not run.
+    (A BaseException, as ``GeneratorExit``: a model's own ``except Exception`` does not swallow it.)"""
+
+
+class _StopAfter(numpyro.primitives.Messenger):
+    """Ends the model's run at the last of the ``needed`` sites, once ``trace`` holds them all.
+
+    Entered inside ``handlers.trace``: numpyro post-processes a message from the outermost
+    handler in, so the trace has recorded the site when this handler sees it.
+    """
+
+    def __init__(self, needed: frozenset, trace: Mapping[str, Any]):
+        super().__init__()
+        self.needed, self.trace = needed, trace
+
+    def postprocess_message(self, msg: dict) -> None:
+        if self.needed and msg.get("name") in self.needed and self.needed.issubset(self.trace):
+            raise _Enough
 
 
 def _seed_zero() -> Any:
@@ -404,6 +432,7 @@ def replay(
     *,
     deterministic: bool = False,
     data: Optional[Sequence[Any]] = None,
+    sites: Sequence[str] = (),
 ) -> dict[str, ReplayedSite]:
     """Re-run ``graph``'s model at the given values; every sample site, in trace order.
 
@@ -420,6 +449,10 @@ def replay(
         data: the model's array arguments (``ModelData.arrays`` of
             ``graph.data``) to run with instead of the traced ones, so that
             compiled code takes the data as arguments.
+        sites: the sites the caller reads, if only some: the model's code after
+            the last of them is not run (a prior's log density traces no
+            likelihood: its operations, dead code, cost tracing, lowering and
+            the symbolic analysis' walk all the same). The others may be missing.
 
     Returns:
         Site name -> :class:`ReplayedSite`. Sites hidden by ``handlers.block``
@@ -432,7 +465,7 @@ def replay(
         model_args, model_kwargs = graph.model_args, graph.model_kwargs
     else:
         model_args, model_kwargs = graph.data.rebuild(data)
-    trace = run_model(graph.model, model_args, model_kwargs, values).trace
+    trace = run_model(graph.model, model_args, model_kwargs, values, needed=frozenset(sites)).trace
     kinds = ("sample", "deterministic") if deterministic else ("sample",)
     latent_sites = latent_site_names(graph)
     return {

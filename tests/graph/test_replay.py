@@ -231,3 +231,28 @@ def test_planning_lifts_no_host_value_with_a_compiled_program():
     with compilations() as compiled:
         blrppl.EM(model).plan(y)
     assert "jit(stage)" not in compiled_names(compiled)
+
+
+def test_a_replay_for_some_sites_stops_after_the_last_of_them():
+    """A prior's log density does not run the model's later code (its likelihood: dead code that
+    tracing, lowering and the symbolic analysis would all pay for), even past a model's own
+    ``except Exception``."""
+    ran = []
+
+    def model(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        try:
+            ran.append("likelihood")
+            numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+        except Exception:  # noqa: BLE001 - a model's own handler must not swallow the stop
+            ran.append("swallowed")
+            raise
+
+    fg = blrppl.trace(model, jnp.arange(3.0))
+    ran.clear()
+    sites = replay(fg, {"mu": jnp.asarray(0.3)}, sites=("mu",))
+    assert list(sites) == ["mu"] and ran == []
+    np.testing.assert_allclose(sites["mu"].fn.log_prob(0.3), dist.Normal(0.0, 1.0).log_prob(0.3))
+    sites = replay(fg, {"mu": jnp.asarray(0.3)}, sites=("y",))
+    assert list(sites) == ["mu", "y"] and ran == ["likelihood"]
+    assert list(replay(fg, {"mu": jnp.asarray(0.3)})) == ["mu", "y"]  # no sites named: the whole model
