@@ -78,12 +78,19 @@ def analyse(
             args.append(variable(name, shape, space))
     interpreter = Interpreter(space, categorical)
     outs = [_as_poly(out, space) for out in interpreter.run(closed, args + list(data or ()))]
+    joined = len(outs) > 1
+    # Several outputs (the sites of a joined loop factor) are summed. Each one's
+    # enumeration selectors go into its own terms first: a read of z_3 in one site's
+    # density does not multiply another site's terms (as one sum would make it).
+    # Summed pairwise: each sum normalises the terms of both sides, so a running sum
+    # over a T-step loop's sites cost O(T^2) (half of planning a 400-step loop).
+    while len(outs) > 1:
+        pairs = [
+            algebra.add(algebra.push_selectors(a), algebra.push_selectors(b), space)
+            for a, b in zip(outs[::2], outs[1::2])
+        ]
+        outs = pairs + outs[len(pairs) * 2:]
     out = outs[0]
-    for more in outs[1:]:
-        # Several outputs (the sites of a joined loop factor) are summed. Each one's
-        # enumeration selectors go into its own terms first: a read of z_3 in one site's
-        # density does not multiply another site's terms (as one sum would make it).
-        out = algebra.add(algebra.push_selectors(out), algebra.push_selectors(more), space)
     if len(out.shape) > 1:
         raise ValueError("log_factor must return a scalar or a vector over observations")
     if binary:
@@ -98,7 +105,7 @@ def analyse(
         ):
             raise NonConjugate(name, f"the categorical {name!r} is used as a number, not as an index")
     analysis = resolve(out, infos, space)
-    return stack_terms(analysis, space) if len(outs) > 1 else analysis
+    return stack_terms(analysis, space) if joined else analysis
 
 
 def _as_poly(out, space: Labels) -> Poly:
