@@ -31,7 +31,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.linalg import solve_triangular
 
 from blrppl._types import Array, PRNGKey
 from blrppl.estimators.gaussian import (
@@ -153,8 +152,7 @@ def _first_order(block: GaussianStats, scale: Array, eps: Array, grads: Array) -
     """Per-sample Stein estimates Σ⁻¹ (x - m) gᵀ, symmetrised, with Σ⁻¹ (x - m) = L⁻ᵀ ε."""
     if not is_full(block):
         return eps / scale * grads
-    chol_t = jnp.broadcast_to(jnp.swapaxes(scale, -1, -2), eps.shape + eps.shape[-1:])
-    white = solve_triangular(chol_t, eps[..., None], lower=False)[..., 0]
+    white = common.solve_draws(scale, eps)
     return common.symmetrize(_outer(white, grads))
 
 

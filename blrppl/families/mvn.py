@@ -184,13 +184,12 @@ def to_numpyro(natural: MVNStats) -> dist.MultivariateNormal:
 
 
 def sample(rng_key: PRNGKey, natural: MVNStats, sample_shape: tuple = ()) -> Array:
-    """Draw x = m + L⁻ᵀ ε with Λ = L Lᵀ, shape ``sample_shape + batch + (d,)``."""
+    """Draw x = m + L⁻ᵀ ε with Λ = L Lᵀ, shape ``sample_shape + batch + (d,)``
+    (one triangular solve per block, the draws its columns: :func:`common.solve_draws`)."""
     chol, eta = _precision_chol(natural)
     loc = jnp.einsum("...ij,...j->...i", common.cholesky_inverse(chol), eta)
-    shape = tuple(sample_shape) + loc.shape
-    eps = jax.random.normal(rng_key, shape, dtype=loc.dtype)
-    chol_t = jnp.broadcast_to(jnp.swapaxes(chol, -1, -2), shape + shape[-1:])
-    return loc + solve_triangular(chol_t, eps[..., None], lower=False)[..., 0]
+    eps = jax.random.normal(rng_key, tuple(sample_shape) + loc.shape, dtype=loc.dtype)
+    return loc + common.solve_draws(chol, eps)
 
 
 def is_valid(natural: MVNStats) -> Array:
