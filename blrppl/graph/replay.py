@@ -413,15 +413,25 @@ def split_chain(value: Any, chain: Any) -> dict[str, Any]:
 
 
 def join_chain(values: Mapping[str, Any], chain: Any) -> Any:
-    """The chain variable's value (batch, time, state) from its sites' values."""
+    """The chain variable's value (batch, time, state) from its sites' values.
+
+    Concrete values (planning's examples) are joined in numpy: eagerly, each ``jnp``
+    operation would compile a program of its own (a scan HMM's plan compiled three).
+    """
+    sites = [values[site] for site in chain.sites]
+    if any(isinstance(v, jax.core.Tracer) for v in sites):
+        return _join_chain(jnp, sites, chain)
+    return to_device(_join_chain(np, [np.asarray(v) for v in sites], chain))
+
+
+def _join_chain(xp: Any, sites: list, chain: Any) -> Any:
     axis = len(chain.batch_shape)
     if chain.kind == "markov":
-        return jnp.stack([jnp.asarray(values[site]) for site in chain.sites], axis=axis)
-    rest = jnp.moveaxis(jnp.asarray(values[chain.sites[-1]]), chain.time_axis, axis)
-    if len(chain.sites) == 1:
+        return xp.stack([xp.asarray(v) for v in sites], axis=axis)
+    rest = xp.moveaxis(xp.asarray(sites[-1]), chain.time_axis, axis)
+    if len(sites) == 1:
         return rest
-    first = jnp.expand_dims(jnp.asarray(values[chain.sites[0]]), axis)
-    return jnp.concatenate([first, rest], axis=axis)
+    return xp.concatenate([xp.expand_dims(xp.asarray(sites[0]), axis), rest], axis=axis)
 
 
 def replay(

@@ -256,3 +256,23 @@ def test_a_replay_for_some_sites_stops_after_the_last_of_them():
     sites = replay(fg, {"mu": jnp.asarray(0.3)}, sites=("y",))
     assert list(sites) == ["mu", "y"] and ran == ["likelihood"]
     assert list(replay(fg, {"mu": jnp.asarray(0.3)})) == ["mu", "y"]  # no sites named: the whole model
+
+
+def test_a_chain_of_concrete_site_values_is_joined_without_compiling():
+    """Planning's examples of a chain (an initial state and a scan's stacked states) are
+    joined in numpy: eagerly, each ``jnp`` operation compiled a program of its own."""
+    from blrppl.graph.replay import join_chain, split_chain
+    from tests.compiles import compilations
+
+    entry = ZOO["hmm_sequences"]
+    args, kwargs = entry.data()
+    graph = blrppl.trace(entry.model, *args, **kwargs)
+    node = next(n for n in graph.variables.values() if n.chain is not None)
+    values = {site: np.asarray(graph.site_values[site]) for site in node.chain.sites}
+    with compilations() as compiled:
+        joined = join_chain(values, node.chain)
+    assert compiled == [] and isinstance(joined, jax.Array)
+    traced = jax.jit(lambda v: join_chain(v, node.chain))(values)  # and inside a trace, with jnp
+    np.testing.assert_array_equal(joined, traced)
+    for site, value in split_chain(joined, node.chain).items():
+        np.testing.assert_array_equal(value, values[site])
