@@ -86,8 +86,10 @@ def test_restarts_compile_their_loop_beside_their_starts(rng_key):
         )
     assert sorted(compiled_names(starts)).count("jit(_run_chunks)") == 1
     with compilations() as loop:
-        driver.run_restarts(algorithm, 50, plan.arrays, states, tol=1e-8, progress_bar=False)
+        states, *_ = driver.run_restarts(algorithm, 50, plan.arrays, states, tol=1e-8, progress_bar=False)
+        best = driver.take(states, 1)  # the best restart's rows: compiled beside the loop too
     assert compiled_names(loop) == []
+    np.testing.assert_array_equal(best.natural["mu"].x, states.natural["mu"].x[1])
 
 
 def test_committed_data_are_compiled_once_without_ahead_compiling(rng_key):

@@ -36,7 +36,8 @@ _LOCK = threading.Lock()
 
 
 def compile_side_by_side(
-    first: SizeDependentJit, first_args: tuple, second: SizeDependentJit, second_args: Callable[[Any], tuple]
+    first: SizeDependentJit, first_args: tuple, second: SizeDependentJit, second_args: Callable[[Any], tuple],
+    then: Optional[Callable[[tuple], Any]] = None,
 ) -> Optional[Any]:
     """Compile ``first(*first_args)`` and ``second(*second_args(outputs))`` at once, and start
     ``first`` as soon as it is compiled.
@@ -49,6 +50,9 @@ def compile_side_by_side(
       first, second: the programs (their variants are chosen by their arguments).
       first_args: ``first``'s arguments, static ones included.
       second_args: ``first``'s outputs (``jax.ShapeDtypeStruct`` leaves) -> ``second``'s arguments.
+      then: ``second``'s arguments -> a lowered program that runs after it (the best restart's
+        rows), lowered here while the two compile and compiled beside them: a first call with
+        restarts no longer compiles it after its run.
 
     Returns:
       ``first(*first_args)`` where it was called here (the plain call's outputs, computed by the
@@ -72,7 +76,7 @@ def compile_side_by_side(
     compiled: dict = {}
     worker = threading.Thread(target=_compile_quietly, args=(lowered, compiled), daemon=True)
     worker.start()
-    beside = None
+    beside = after = None
     try:
         # The outputs' types as the call returns them: weak types included (``out_info`` drops
         # them, and a point estimate passed through weakly typed would compile ``second`` twice).
@@ -81,6 +85,9 @@ def compile_side_by_side(
         args = second_args(outputs)
         beside = threading.Thread(target=_compile_quietly, args=(second.lower(*args), {}), daemon=True)
         beside.start()
+        if then is not None:
+            after = threading.Thread(target=_compile_quietly, args=(then(args), {}), daemon=True)
+            after.start()
     except Exception:  # noqa: BLE001 - as above
         pass
     finally:
@@ -93,8 +100,9 @@ def compile_side_by_side(
             started = program(*first_args)  # a dispatch: it runs while ``second`` compiles
         except Exception:  # noqa: BLE001 - the plain call raises it
             started = None
-    if beside is not None:
-        beside.join()
+    for thread in (beside, after):
+        if thread is not None:
+            thread.join()
     return started
 
 

@@ -375,7 +375,7 @@ def init_with_restarts(
             zero = np.asarray(0, np.int32)
             return algorithm, arrays, states, buffer, zero, zero, previous, hits, threshold, False
 
-        started = compile_side_by_side(_init_with_restarts, init_args, _run_chunks, chunk_args)
+        started = compile_side_by_side(_init_with_restarts, init_args, _run_chunks, chunk_args, _best_row)
     states, valid = started if started is not None else _init_with_restarts(*init_args)
     return states, np.asarray(block_until_ready(valid))
 
@@ -424,6 +424,12 @@ def _take_rows(tree: Any, index: jax.Array, axis: int) -> Any:
 
 
 _take = SizeDependentJit(_take_rows, data_argnum=0, static_argnums=2, one_shot=True)
+
+
+def _best_row(chunk_args: tuple) -> Any:
+    """:func:`take` of one restart's state, lowered for the restarts' loop arguments
+    (``chunk_args`` of :func:`_run_chunks`), to compile beside the loop."""
+    return _take.lower(chunk_args[2], np.zeros((), np.int32), 0)
 
 
 def _over_restarts(algorithm: InferenceAlgorithm, fn, in_axes, *xs):
