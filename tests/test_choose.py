@@ -57,21 +57,10 @@ def test_every_rule_names_an_engine():
     assert all(rule.engine in ENGINES for rule in RULES)
 
 
-def poisson_hierarchy(g, y=None):
-    mu = numpyro.sample("mu", dist.Normal(0.0, 2.0))
-    sd = numpyro.sample("sd", dist.HalfNormal(1.0))
-    with numpyro.plate("grp", 3):
-        eff = numpyro.sample("eff", dist.Normal(0.0, 1.0))
-    with numpyro.plate("obs", g.shape[0]):
-        numpyro.sample("y", dist.Poisson(jnp.exp(mu + sd * eff[g])), obs=y)
-
-
 def test_the_joint_block_rule_reads_the_plans_verdicts(monkeypatch):
-    import numpy as np
-
     from blrppl.blr import plan as plan_module
+    from tests.engines.test_joint_block_starts import COUNTS as y, GROUPS as g, poisson_hierarchy
 
-    g, y = np.repeat(np.arange(3), 4), np.arange(12) % 4
     graph = blrppl.NonConjugateVI(poisson_hierarchy).plan(g, y=y).graph
     reference = plan_module.nonconjugate_block(graph)
     assert reference == [("mu", "sd", "eff")]
