@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -62,25 +63,34 @@ class Convergence(NamedTuple):
     ) -> "Convergence":
         """The record of a run (see :func:`blrppl.blr.driver.run` for the criteria; ``elbo_dtype``: the
         ELBO's, whose resolution bounds the relative change a deterministic run can be asked for)."""
-        from blrppl.blr.driver import elbo_resolution
         if tol is None:
             return cls(False, "no tol given: the run took every step asked for", num_steps, noisy)
-        if exact:
-            criterion = (
-                "one rho = 1 step with site parameters that do not depend on q is its own fixed point "
-                "(conjugate Bayes, Khan & Rue Sec. 5.1), and the step was taken"
-            )
-        elif noisy:
-            criterion = f"the averaged q moved by at most KL {tol:g} per block over two windows of steps"
-        else:
-            dtype = jnp.dtype(elbo_dtype if elbo_dtype is not None else jnp.result_type(float))
-            floor = elbo_resolution(dtype)
-            criterion = f"the ELBO changed by at most {max(tol, floor):g} relative, two steps in a row"
-            if tol < floor:
-                criterion += f" (tol {tol:g} is below {dtype.name}'s resolution of the ELBO and was raised to it)"
+        dtype = jnp.dtype(elbo_dtype if elbo_dtype is not None else jnp.result_type(float))
+        criterion = _criterion(float(tol), bool(noisy), bool(exact), dtype)
         if stopped:
             return cls(True, f"converged: {criterion}", num_steps, noisy)
         return cls(False, f"not converged in {num_steps} steps: {criterion} did not hold; run longer", num_steps, noisy)
+
+
+@functools.lru_cache(maxsize=256)
+def _criterion(tol: float, noisy: bool, exact: bool, dtype: Any) -> str:
+    """The stopping criterion of :meth:`Convergence.of` in words (made once per setting: a small
+    model's refit lasts a fraction of a millisecond)."""
+    from blrppl.blr.driver import elbo_resolution
+
+    if exact:
+        criterion = (
+            "one rho = 1 step with site parameters that do not depend on q is its own fixed point "
+            "(conjugate Bayes, Khan & Rue Sec. 5.1), and the step was taken"
+        )
+    elif noisy:
+        criterion = f"the averaged q moved by at most KL {tol:g} per block over two windows of steps"
+    else:
+        floor = elbo_resolution(dtype)
+        criterion = f"the ELBO changed by at most {max(tol, floor):g} relative, two steps in a row"
+        if tol < floor:
+            criterion += f" (tol {tol:g} is below {dtype.name}'s resolution of the ELBO and was raised to it)"
+    return criterion
 
 
 class BLRResult(NamedTuple):

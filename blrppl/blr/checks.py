@@ -363,7 +363,8 @@ def all_finite(array: np.ndarray) -> bool:
     """Whether every entry of ``array`` is finite: a sum (no copy; a NaN or inf makes it NaN or
     inf), looked at entry by entry only where the sum is not finite (an overflow or a bad entry).
     A long chain's fit is checked in a pass over its λ that allocates nothing."""
-    return bool(np.isfinite(np.sum(array))) or bool(np.isfinite(array).all())
+    array = np.asarray(array)  # the method, not np.sum: a small model's check is a few of these
+    return bool(np.isfinite(array.sum())) or bool(np.isfinite(array).all())
 
 
 def collapsed_sites(qs: Mapping[str, Any], natural: Mapping[str, Any]) -> list[str]:
