@@ -215,3 +215,61 @@ def test_accelerators_keep_xlas_defaults(restore_mode):
     assert not compile_mode.fast_compile(small)
     on_cpu = {"y": jax.device_put(np.zeros(8), jax.devices("cpu")[0])}
     assert compile_mode.fast_compile(on_cpu)  # data committed to the host CPU still compile cheaply there
+
+
+def _hierarchical_logistic(group, x, y=None):
+    import numpyro
+    import numpyro.distributions as dist
+
+    mu = numpyro.sample("mu", dist.Normal(0.0, 2.0))
+    sd = numpyro.sample("sd", dist.HalfNormal(1.0))
+    beta = numpyro.sample("beta", dist.Normal(0.0, 2.0))
+    with numpyro.plate("groups", 15):
+        a = numpyro.sample("a", dist.Normal(mu, sd))
+    numpyro.sample("y", dist.Bernoulli(logits=a[group] + beta * x), obs=y)
+
+
+def _random_walk(y=None):
+    import numpyro
+    import numpyro.distributions as dist
+
+    x = numpyro.sample("x", dist.GaussianRandomWalk(1.0, num_steps=y.shape[0]))
+    numpyro.sample("y", dist.Normal(x, 1.0), obs=y)
+
+
+def _loop_args(engine, *args, **kwargs):
+    """The step loop's arguments for a fit of ``engine`` on the data (the state abstract)."""
+    plan = engine.plan(*args, **kwargs)
+    algorithm = engine.build(plan)
+    state = jax.eval_shape(algorithm.init, jax.random.key(0), plan.arrays)
+    threshold, buffer, previous, hits = driver._loop_inputs(200, None)
+    zero = np.zeros((), np.int32)
+    return plan, (algorithm, plan.arrays, state, buffer, zero, zero, previous, hits, threshold)
+
+
+@ON_CPU
+def test_a_loop_over_larger_data_compiles_cheaply_where_its_run_is_short(restore_mode):
+    """Over SMALL_DATA_BYTES, a step loop takes the cheap options where its estimated work (XLA's
+    operation count per step times the steps asked for) is within LOOP_FLOP_BUDGET; not for a
+    long run, not outside a run (no step count), and not for a chain, whose passes the estimate
+    cannot see."""
+    rng = np.random.default_rng(0)
+    group, x = rng.integers(0, 15, 700), rng.normal(size=700)
+    y = (rng.random(700) < 0.5).astype(float)
+    plan, args = _loop_args(blrppl.NonConjugateVI(_hierarchical_logistic), group, x, y=y)
+    assert not compile_mode.fast_compile(plan.arrays)  # over the size bound
+    loop = driver._run_chunk
+    with compile_mode.planned_steps(200):
+        assert loop.variant(*args) is loop.fast
+    with compile_mode.planned_steps(10**7):
+        assert loop.variant(*args) is loop.optimized
+    assert loop.variant(*args) is loop.optimized
+    compile_mode.set_compile_mode("optimized")
+    with compile_mode.planned_steps(200):
+        assert loop.variant(*args) is loop.optimized
+
+    compile_mode.set_compile_mode("auto")
+    plan, args = _loop_args(blrppl.VMP(_random_walk), y=rng.normal(size=10_000))
+    assert args[0].chained and not compile_mode.fast_compile(plan.arrays)
+    with compile_mode.planned_steps(2):
+        assert loop.variant(*args) is loop.optimized

@@ -405,6 +405,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     shared = newton_start is None and not random_starts
     return InferenceAlgorithm(
         init=init, step=step, elbo=lambda k, s, a: elbo(k, s, a), noisy=average, sequential=sequential,
+        chained=any(q.family.chain for q in qs.values()),
         start=start if shared else None, finish=finish if shared else None, exact=exact,
         blank=(lambda arrays: placeholder_natural(qs, arrays)) if exact else None, exact_targets=exact_targets,
         unbounded_sites=unbounded_sites if exact_targets else None,

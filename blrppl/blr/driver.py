@@ -23,7 +23,7 @@ from blrppl.blr.ahead import compile_side_by_side
 from blrppl.blr.restarts import folded_keys
 from blrppl.blr.state import BLRState, InferenceAlgorithm
 from blrppl.blr.watchdog import block_until_ready
-from blrppl.compile_mode import SizeDependentJit, size_dependent_jit, to_device
+from blrppl.compile_mode import SizeDependentJit, planned_steps, size_dependent_jit, to_device
 
 
 def init(algorithm: InferenceAlgorithm, rng_key: jax.Array, arrays: Any) -> BLRState:
@@ -126,7 +126,9 @@ def run(
             algorithm, rng_key, num_steps, arrays, (), tol=tol, progress_bar=progress_bar, num_updates=num_updates
         )
         return state, elbo, converged
-    return _loop(algorithm, _check_steps(num_steps), arrays, init_state, tol, progress_bar, num_updates)
+    num_steps = _check_steps(num_steps)
+    with planned_steps(num_steps):
+        return _loop(algorithm, num_steps, arrays, init_state, tol, progress_bar, num_updates)
 
 
 def checked_run(
@@ -152,6 +154,11 @@ def checked_run(
       ``state`` is the start and ``elbo`` is empty).
     """
     num_steps = _check_steps(num_steps)
+    with planned_steps(num_steps):
+        return _checked_run(algorithm, rng_key, num_steps, arrays, tests, tol, progress_bar, num_updates)
+
+
+def _checked_run(algorithm, rng_key, num_steps, arrays, tests, tol, progress_bar, num_updates):
     if algorithm.exact and not progress_bar:
         return _checked_exact_run(algorithm, rng_key, num_steps, arrays, tests, tol)
     init_args = (algorithm, tests, algorithm.exact, rng_key, arrays, np.asarray(num_steps, np.int32))
@@ -198,7 +205,7 @@ def _exact_chunk(algorithm, arrays, rng_key, buffer, start, stop, previous, hits
     return _chunk(algorithm, arrays, _lean(algorithm, state), buffer, start, stop, previous, hits, threshold) + (valid,)
 
 
-_run_exact_chunk = SizeDependentJit(_exact_chunk, data_argnum=1, static_argnums=(0, 9))
+_run_exact_chunk = SizeDependentJit(_exact_chunk, data_argnum=1, static_argnums=(0, 9), loop=lambda args: _costed(args[0]))
 
 
 def _loop_inputs(num_steps: int, tol: Optional[float]) -> tuple:
@@ -322,10 +329,18 @@ def _chunk(algorithm, arrays, state, buffer, start, stop, previous, hits, thresh
     return jax.lax.while_loop(cond, body, (start, state, buffer, previous, hits))
 
 
-_run_chunk = SizeDependentJit(_chunk, data_argnum=1, static_argnums=0)
+def _costed(algorithm: InferenceAlgorithm) -> bool:
+    """Whether a loop of ``algorithm`` may compile cheaply by its estimated work over larger data
+    (``compile_mode.LOOP_FLOP_BUDGET``): not where some q is a chain, whose passes are loops over
+    its length that XLA's cost analysis counts once (an HMM over 10,000 steps would look cheap)."""
+    return not getattr(algorithm, "chained", True)
+
+
+_run_chunk = SizeDependentJit(_chunk, data_argnum=1, static_argnums=0, loop=lambda args: _costed(args[0]))
 """:func:`_chunk`, compiled once per algorithm (a static argument), whatever the chunk
-bounds, tolerance, number of steps or data (``arrays``, of fixed shapes); small data
-compile with cheap settings (:mod:`blrppl.compile_mode`)."""
+bounds, tolerance, number of steps or data (``arrays``, of fixed shapes); small data,
+and larger data where the run's estimated work is small, compile with cheap settings
+(:mod:`blrppl.compile_mode`)."""
 
 
 def init_restarts(
@@ -348,7 +363,8 @@ def init_restarts(
             zero = np.asarray(0, np.int32)
             return algorithm, arrays, states, buffer, zero, zero, previous, hits, threshold, batched_data
 
-        started = compile_side_by_side(_init_many, init_args, _run_chunks, chunk_args)
+        with planned_steps(loop[0]):
+            started = compile_side_by_side(_init_many, init_args, _run_chunks, chunk_args)
     return started if started is not None else _init_many(*init_args)
 
 
@@ -375,7 +391,8 @@ def init_with_restarts(
             zero = np.asarray(0, np.int32)
             return algorithm, arrays, states, buffer, zero, zero, previous, hits, threshold, False
 
-        started = compile_side_by_side(_init_with_restarts, init_args, _run_chunks, chunk_args, _best_row)
+        with planned_steps(loop[0]):
+            started = compile_side_by_side(_init_with_restarts, init_args, _run_chunks, chunk_args, _best_row)
     states, valid = started if started is not None else _init_with_restarts(*init_args)
     return states, np.asarray(block_until_ready(valid))
 
@@ -474,7 +491,8 @@ def init_batched_restarts(
             tiled = jax.eval_shape(functools.partial(_repeat_rows, times=num_restarts), arrays)  # weak types kept
             return algorithm, tiled, states, buffer, zero, zero, previous, hits, threshold, True
 
-        started = compile_side_by_side(_init_batched_restarts, init_args, _run_chunks, chunk_args)
+        with planned_steps(loop[0]):
+            started = compile_side_by_side(_init_batched_restarts, init_args, _run_chunks, chunk_args)
     return started if started is not None else _init_batched_restarts(*init_args)
 
 
@@ -536,10 +554,11 @@ def run_restarts(
     for stop in range(chunk, num_steps + chunk, chunk):
         stop = min(stop, num_steps)
         stopped = done
-        new_ends, states, buffer, previous, hits = _run_chunks(
-            algorithm, arrays, states, buffer, np.asarray(end, np.int32), np.asarray(stop, np.int32),
-            previous, hits, threshold, batched_data,
-        )
+        with planned_steps(num_steps):
+            new_ends, states, buffer, previous, hits = _run_chunks(
+                algorithm, arrays, states, buffer, np.asarray(end, np.int32), np.asarray(stop, np.int32),
+                previous, hits, threshold, batched_data,
+            )
         block_until_ready((new_ends, states, previous, hits))
         done = np.asarray(hits) >= CONFIRMATIONS
         ends = np.where(stopped, ends, np.asarray(new_ends))  # a restart stopped earlier keeps its end
@@ -564,7 +583,7 @@ def _restart_loop_inputs(num_restarts: int, num_steps: int, tol: Optional[float]
     )
 
 
-@size_dependent_jit(data_argnum=1, static_argnums=(0, 9))
+@size_dependent_jit(data_argnum=1, static_argnums=(0, 9), loop=lambda args: _costed(args[0]))
 def _run_chunks(algorithm, arrays, states, buffers, start, stop, previous, hits, threshold, batched_data):
     """:func:`_run_chunk` vmapped over restarts (shared bounds and tolerance; data shared or batched)."""
 

@@ -86,7 +86,8 @@ class InferenceAlgorithm(NamedTuple):
     (convergence is then judged on averaged iterates, not on one ELBO);
     ``sequential``: some factor's code calls LAPACK, so restarts run one after
     another (``lax.map``), never as batched LAPACK calls (see
-    :func:`blrppl.graph.jaxpr.lapack_primitives`).
+    :func:`blrppl.graph.jaxpr.lapack_primitives`); ``chained``: some q is a
+    chain, whose step passes over its length one element after another.
     ``start(rng_key, arrays, random) -> (natural, params)`` and
     ``finish(rng_key, natural, params, arrays) -> BLRState`` split ``init`` in
     two (``init`` is ``finish`` of ``start``; ``random=True`` gives a random
@@ -114,6 +115,7 @@ class InferenceAlgorithm(NamedTuple):
     elbo: Callable[[jax.Array, BLRState, Any], Any]
     noisy: bool = False
     sequential: bool = False
+    chained: bool = False
     start: Optional[Callable[[jax.Array, Any, bool], tuple[Any, Any]]] = None
     finish: Optional[Callable[[jax.Array, Any, Any, Any], BLRState]] = None
     exact: bool = False
