@@ -2,12 +2,13 @@
 
 Run from the repository root::
 
-    python benchmarks/first_call_profile.py [--models gp,nile,...|all] [--names]
+    python benchmarks/first_call_profile.py [--models gp,nile,...|all|styles] [--names]
 
 Each model runs in a fresh Python process (JAX's in-process caches empty, no
 persistent compilation cache), so each row is a true first call:
 ``engine.run`` in a new engine, tracing, planning, compilation and the fit,
-after JAX's own start-up. Models without an engine in :data:`ENGINES` get the
+after JAX's own start-up. ``--models styles``: the ten models of
+``benchmarks/styles.py``, written outside the zoo. Models without an engine in :data:`ENGINES` get the
 one ``python -m blrppl fit`` picks (``blrppl.choose``, its time included; a
 ``*`` marks ``blocks="all"``). It prints the wall seconds (with the machine's load:
 on a shared machine read the CPU seconds, ``time.process_time``, all threads),
@@ -52,6 +53,7 @@ def _one(name: str) -> dict:
     jnp.ones(3).block_until_ready()  # JAX's own start-up, not ours
 
     import blrppl
+    from benchmarks import styles
     from models import ZOO, gp
 
     compiles = []
@@ -75,18 +77,24 @@ def _one(name: str) -> dict:
     logging.getLogger("jax").propagate = False
 
     if name == "gp":  # the case: N = 100, as tests/engines/test_gp.py
+        model = ZOO[name].model
         args, kwargs = gp.data(100)
         steps, tol = 100, 1e-6
+    elif name in styles.MODELS:  # a model outside the zoo (benchmarks/styles.py)
+        model, data = styles.MODELS[name]
+        args, kwargs = data()
+        steps, tol = 200, 1e-8
     else:
+        model = ZOO[name].model
         args, kwargs = ZOO[name].data()
         steps, tol = 200, 1e-8
     wall, cpu = time.perf_counter(), time.process_time()
     if name in ENGINES:
         engine_name = ENGINES[name]
-        engine = getattr(blrppl, engine_name)(ZOO[name].model)
+        engine = getattr(blrppl, engine_name)(model)
         result = engine.run(jax.random.key(0), steps, *args, progress_bar=False, tol=tol, **kwargs)
     else:  # the engine python -m blrppl fit picks (its choice timed too), with its default options
-        choice = blrppl.choose(ZOO[name].model, *args, **kwargs)
+        choice = blrppl.choose(model, *args, **kwargs)
         engine_name = choice.name + ("*" if getattr(choice.engine.config, "blocks", None) == "all" else "")
         if choice.plan is not None:
             result = choice.engine.fit(choice.plan, jax.random.key(0), steps, progress_bar=False, tol=tol)
@@ -108,11 +116,12 @@ def main() -> None:
         return
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     print(f"{'model':28s} {'engine':15s} {'steps':>5s} {'wall s':>7s} {'CPU s':>7s} {'compiles':>8s} {'compile s':>9s}")
-    if options.models == "all":
+    if options.models in ("all", "styles"):
         sys.path.insert(0, ROOT)
+        from benchmarks import styles
         from models import ZOO
 
-        options.models = ",".join(ZOO)
+        options.models = ",".join(ZOO if options.models == "all" else styles.NAMES)
     for name in options.models.split(","):
         try:
             row = in_fresh_process([__file__, "--one", name], ROOT)
