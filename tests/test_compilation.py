@@ -90,7 +90,7 @@ def test_a_second_run_on_new_data_of_the_same_shapes_does_not_trace_again(rng_ke
     algorithm = engine.build(plan)
     assert algorithm is engine.build(first.plan)
     counted, traces = counting(algorithm)
-    engine._algorithms[(plan.signature, False, False)] = counted
+    engine._algorithms[(plan.signature, False, False, True)] = counted
     second = engine.run(rng_key, 30, X2, y=y2, progress_bar=False)
     assert traces["step"] == 1  # traced for this counting wrapper once ...
     engine.run(rng_key, 30, *_data(3), progress_bar=False)

@@ -24,7 +24,7 @@ from blrppl.blr.elbo import elbo_terms, exact_evidence, log_joint_at_mean, mean_
 from blrppl.blr.incremental import build_store
 from blrppl.blr.minibatch import batch_key, minibatch, put_rows, take_rows
 from blrppl.blr.mstep import build_m_step
-from blrppl.blr.newton import MAX_NEWTON_SIZE, newton_candidate, newton_size
+from blrppl.blr.newton import MAX_NEWTON_SIZE, natural_size, newton_candidate
 from blrppl.blr.plan import Plan, exact_target_variables, on_one_block_each
 from blrppl.blr.restarts import random_params, random_start
 from blrppl.blr.schedules import as_schedule
@@ -94,6 +94,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     # error is a ridge Newton would climb (UCBadmit), so cubature fits keep the BLR step alone.
     cubature = any(e.method.estimator == "cubature" for e in plan.estimators)
     newton = config.newton and guard and mode == "global" and not plan.init_params and not average and not cubature
+    newton = newton and natural_size(qs, plan.arrays) <= MAX_NEWTON_SIZE
     exact = exact_after_one_step(plan, config, fixed_params=fixed_params)
     # Its step's ELBO is the log evidence, read off A(λ) and each factor's constant
     # (:func:`~blrppl.blr.elbo.exact_evidence`) where every E_q[log f] is affine in μ.
@@ -338,7 +339,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         else:
             new_state, value, taken, unbounded = attempt(state, arrays, r)
             stalled = None
-        if newton and newton_size(state.natural) <= MAX_NEWTON_SIZE:
+        if newton:
             # Keep the better of the BLR step and a damped Newton step on the ELBO (blrppl.blr.newton).
             key = jax.random.fold_in(state.rng_key, state.step)
             natural, candidate = newton_candidate(lambda nat: elbo(key, state._replace(natural=nat), arrays), state.natural)
@@ -405,7 +406,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     shared = newton_start is None and not random_starts
     return InferenceAlgorithm(
         init=init, step=step, elbo=lambda k, s, a: elbo(k, s, a), noisy=average, sequential=sequential,
-        chained=any(q.family.chain for q in qs.values()),
+        chained=any(q.family.chain for q in qs.values()), newton=newton,
         start=start if shared else None, finish=finish if shared else None, exact=exact,
         blank=(lambda arrays: placeholder_natural(qs, arrays)) if exact else None, exact_targets=exact_targets,
         unbounded_sites=unbounded_sites if exact_targets else None,

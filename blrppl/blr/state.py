@@ -87,7 +87,9 @@ class InferenceAlgorithm(NamedTuple):
     ``sequential``: some factor's code calls LAPACK, so restarts run one after
     another (``lax.map``), never as batched LAPACK calls (see
     :func:`blrppl.graph.jaxpr.lapack_primitives`); ``chained``: some q is a
-    chain, whose step passes over its length one element after another.
+    chain, whose step passes over its length one element after another;
+    ``newton``: each step also tries damped Newton steps on the ELBO and keeps
+    the best (:mod:`blrppl.blr.newton`).
     ``start(rng_key, arrays, random) -> (natural, params)`` and
     ``finish(rng_key, natural, params, arrays) -> BLRState`` split ``init`` in
     two (``init`` is ``finish`` of ``start``; ``random=True`` gives a random
@@ -116,6 +118,7 @@ class InferenceAlgorithm(NamedTuple):
     noisy: bool = False
     sequential: bool = False
     chained: bool = False
+    newton: bool = False
     start: Optional[Callable[[jax.Array, Any, bool], tuple[Any, Any]]] = None
     finish: Optional[Callable[[jax.Array, Any, Any, Any], BLRState]] = None
     exact: bool = False

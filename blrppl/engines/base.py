@@ -22,6 +22,7 @@ from blrppl.blr.checks import (
     boundary_estimates, drifted_average, fell_from_best, fit_error, off_target, steady_climb, vanishing_sites,
 )
 from blrppl.blr.config import Config
+from blrppl.blr.newton import PLAIN_STEPS_FIRST
 from blrppl.blr.plan import Plan, make_plan
 from blrppl.blr.replan import Replanner, record_plan
 from blrppl.blr.restarts import best_restart, default_restarts, disagreement
@@ -86,12 +87,16 @@ class Engine:
         """The compiled planner for data of these shapes, if a plan made one (else None)."""
         return self._replanners.get(split_model_data(model_args, model_kwargs).signature)
 
-    def build(self, plan: Plan, *, random_starts: bool = False, fixed_params: bool = False) -> InferenceAlgorithm:
-        """The functional core for a plan, shared by every plan with the same signature."""
-        key = (plan.signature, random_starts, fixed_params)
+    def build(
+        self, plan: Plan, *, random_starts: bool = False, fixed_params: bool = False, newton: bool = True
+    ) -> InferenceAlgorithm:
+        """The functional core for a plan, shared by every plan with the same signature
+        (``newton=False``: without the damped Newton candidates of ``config.newton``)."""
+        key = (plan.signature, random_starts, fixed_params, newton)
         algorithm = self._algorithms.get(key)
         if algorithm is None:
-            algorithm = build_blr(plan, self.config, random_starts=random_starts, fixed_params=fixed_params)
+            config = self.config if newton else self.config._replace(newton=False)
+            algorithm = build_blr(plan, config, random_starts=random_starts, fixed_params=fixed_params)
             self._algorithms[key] = algorithm
         return algorithm
 
@@ -199,10 +204,20 @@ class Engine:
             # factor included): it is not tested (a forward pass over a chain: a third of a local
             # level's run), and an invalid posterior is the step's own error.
             tests = () if algorithm.exact else start_tests(plan.qs)
+            # Newton candidates only where plain steps did not converge (blrppl.blr.newton).
+            tiered = algorithm.newton and num_steps > PLAIN_STEPS_FIRST
+            first = self.build(plan, newton=False) if tiered else algorithm
             state, elbo, stopped, valid = driver.checked_run(
-                algorithm, rng_key, num_steps, plan.arrays, tests, tol=tol, progress_bar=progress_bar
+                first, rng_key, PLAIN_STEPS_FIRST if tiered else num_steps, plan.arrays, tests, tol=tol,
+                progress_bar=progress_bar,
             )
             raise_invalid_start(plan.qs, valid)
+            if tiered and not stopped and len(elbo):
+                state, more, stopped = driver.run(
+                    algorithm, rng_key, num_steps - PLAIN_STEPS_FIRST, plan.arrays, init_state=state, tol=tol,
+                    progress_bar=progress_bar,
+                )
+                elbo = to_device(np.concatenate([np.asarray(elbo), np.asarray(more)]))
         else:
             state, elbo, stopped = driver.run(
                 algorithm, rng_key, num_steps, plan.arrays, init_state=init_state, tol=tol, progress_bar=progress_bar
