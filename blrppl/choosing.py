@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import numpy as np
 
+from blrppl.blr.fallback import monte_carlo_edges, monte_carlo_exp_families
 from blrppl.blr.plan import nonconjugate_block
 from blrppl.engines.base import Engine
 from blrppl.engines.blr import BLR
@@ -179,6 +180,28 @@ def _nonconjugate(facts: Facts) -> Optional[str]:
     return f"factors not conjugate: {', '.join(shown)}{more} (e.g. {reason}); they get estimated natural gradients"
 
 
+def _gaussian_fallback(facts: Facts, reason: str) -> Optional[Choice]:
+    """Mean-field ``NonConjugateVI`` with a Gaussian q on the unconstrained space of the latents
+    whose prior's family only Monte Carlo could update (``Config.gaussian_fallback``, named in
+    ``families`` so that the engine plans once), where that leaves fewer edges to Monte Carlo;
+    else None (the facts' plan stands)."""
+    moved = monte_carlo_exp_families(facts.plan, NonConjugateVI(facts.model).config)
+    if not moved:
+        return None
+    engine = NonConjugateVI(facts.model, families={v: "Normal" for v in moved})
+    try:
+        plan = engine.plan(*facts.args, **facts.kwargs)
+    except ModelError:
+        return None
+    if monte_carlo_edges(plan) >= monte_carlo_edges(facts.plan):
+        return None
+    why = (
+        f"{list(moved)} get a Gaussian q on their unconstrained space: in their prior's family a "
+        "factor would need Monte Carlo for them, here it takes quadrature"
+    )
+    return Choice(engine, "NonConjugateVI", (reason, why), plan)
+
+
 RULES: tuple[Rule, ...] = (
     Rule("SVI", _svi),
     Rule("EM", _em),
@@ -217,7 +240,8 @@ def facts_of(model: Callable, args: tuple, kwargs: dict) -> Facts:
         return None
 
     try:  # the plan traces the model once; a minibatch model may not plan here
-        plan = NonConjugateVI(model).plan(*args, **kwargs)
+        # With q in the priors' families: the rules see which factors would need Monte Carlo.
+        plan = Engine(model, NonConjugateVI(model).config._replace(gaussian_fallback=False)).plan(*args, **kwargs)
     except ModelError:
         facts = minibatch_facts(build_graph(model, args, kwargs))
         if facts is None:
@@ -281,6 +305,10 @@ def choose(model: Callable, *args: Any, **kwargs: Any) -> Choice:
     for rule in RULES:
         reason = rule.test(facts)
         if reason is not None:
+            if rule.engine == "NonConjugateVI" and not rule.options:
+                fallback = _gaussian_fallback(facts, reason)
+                if fallback is not None:
+                    return fallback
             plan = facts.plan if rule.engine in REUSES_PLAN and not rule.options else None
             return Choice(ENGINES[rule.engine](model, **rule.options), rule.engine, (reason,), plan)
     raise ModelError(  # unreachable with the rules above: the last one always applies

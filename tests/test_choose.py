@@ -72,3 +72,57 @@ def test_the_joint_block_rule_reads_the_plans_verdicts(monkeypatch):
     # A plan whose q differ (a joined block) is not read: the factors are analysed again.
     joined = blrppl.NonConjugateVI(poisson_hierarchy, blocks=[("mu", "sd")]).plan(g, y=y)
     assert plan_module.nonconjugate_block(graph, joined) == reference and analysed
+
+
+def exponential_scales(group, x, y=None):
+    """A varying-intercept regression with Exponential priors on both scales, as NumPyro's
+    examples write them: in the priors' Gamma family the likelihood needs Monte Carlo for them."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    sd_a = numpyro.sample("sd_a", dist.Exponential(1.0))
+    b = numpyro.sample("b", dist.Normal(0.0, 5.0))
+    sigma = numpyro.sample("sigma", dist.Exponential(1.0))
+    with numpyro.plate("G", 50):
+        a = numpyro.sample("a", dist.Normal(mu, sd_a))
+    with numpyro.plate("N", x.shape[0]):
+        numpyro.sample("y", dist.Normal(a[group] + b * x, sigma), obs=y)
+
+
+def exponential_scales_data():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    group, x = rng.integers(0, 50, 1000), rng.normal(size=1000)
+    y = rng.normal(0.0, 0.8, 50)[group] + 0.5 * x + rng.normal(0.0, 1.2, 1000)
+    return (jnp.asarray(group), jnp.asarray(x)), {"y": jnp.asarray(y)}
+
+
+def test_scales_whose_prior_family_needs_monte_carlo_get_a_gaussian_q():
+    """Too many latents for one full Gaussian (52 scalars): mean-field, with the two scales'
+    q Gaussian on their logs, where the likelihood takes quadrature: no Monte Carlo left."""
+    args, kwargs = exponential_scales_data()
+    choice = blrppl.choose(exponential_scales, *args, **kwargs)
+    assert choice.name == "NonConjugateVI" and choice.engine.config.blocks == ()
+    assert dict(choice.engine.config.families) == {"sd_a": "Normal", "sigma": "Normal"}
+    assert "Gaussian q on their unconstrained space" in str(choice)
+    assert choice.plan is not None and not any(e.method.noisy for e in choice.plan.estimators)
+    assert choice.plan.qs["sigma"].family.gaussian
+    # The engine's own default plans the same fit (Config.gaussian_fallback).
+    plan = blrppl.NonConjugateVI(exponential_scales).plan(*args, **kwargs)
+    assert plan.signature == choice.plan.signature
+
+
+@pytest.mark.slow
+def test_the_gaussian_scales_match_nuts(rng_key):
+    from numpyro.infer import MCMC, NUTS
+
+    args, kwargs = exponential_scales_data()
+    choice = blrppl.choose(exponential_scales, *args, **kwargs)
+    result = choice.engine.fit(choice.plan, rng_key, 500, progress_bar=False, tol=1e-8)
+    assert result.converged and len(result.elbo) < 100 and not result.flags
+    mcmc = MCMC(NUTS(exponential_scales), num_warmup=1000, num_samples=4000, progress_bar=False)
+    mcmc.run(jax.random.key(1), *args, **kwargs)
+    draws = mcmc.get_samples()
+    for site in ("mu", "b", "sd_a", "sigma"):
+        q, ref = result.posterior[site], draws[site]
+        assert abs(float(q.mean) - float(ref.mean())) < 0.1 * float(ref.std()), site
+        assert abs(float(q.variance) ** 0.5 / float(ref.std()) - 1.0) < 0.15, site

@@ -65,6 +65,13 @@ class Config(NamedTuple):
       strict_guard: with the ELBO guard, retry every step that lowers the
         ELBO (not only collapses): monotone ascent to a settled optimum
         (one full Gaussian: ``blocks="all"``, Integrated's VI inner fits).
+      gaussian_fallback: a continuous latent whose q is its prior's non-Gaussian
+        family (Gamma for an ``Exponential`` scale, Beta, ...) but that some
+        factor could update only by Monte Carlo gets a Gaussian q on its
+        unconstrained space instead, where that factor takes quadrature (unless
+        ``families`` names it): a hierarchical regression with ``Exponential``
+        priors on its scales then fits deterministically in tens of steps, not
+        by hundreds of noisy ones (:mod:`blrppl.blr.fallback`).
       newton: with the ELBO guard and no point estimates, each step also
         tries damped Newton steps on the deterministic ELBO in natural
         parameters and keeps the better (:mod:`blrppl.blr.newton`; one full
@@ -89,6 +96,7 @@ class Config(NamedTuple):
     joint_gaussians: bool = False
     joint_hyperparameters: bool = False
     strict_guard: bool = False
+    gaussian_fallback: bool = False
     newton: bool = False
     name: str = "BLR"
 

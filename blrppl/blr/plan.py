@@ -25,6 +25,7 @@ from numpyro.distributions.transforms import biject_to
 from blrppl.compile_mode import to_device
 from blrppl.eager_loops import with_loops_compiled_once
 from blrppl.blr.config import MAX_JOINT_SIZE, Config
+from blrppl.blr.fallback import with_gaussian_fallback
 from blrppl.blr.orphans import integrate_orphans, masked_graph, orphan_rows
 from blrppl.blr.sharding import follow_data_sharding
 from blrppl.blr.starts import start_arrays
@@ -112,8 +113,10 @@ class Plan:
 
 
 @with_loops_compiled_once
+@with_gaussian_fallback
 def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any], config: Config) -> Plan:
-    """Trace ``model`` on its data and plan a fit with the options of ``config``.
+    """Trace ``model`` on its data and plan a fit with the options of ``config`` (with
+    ``config.gaussian_fallback``, see :mod:`blrppl.blr.fallback`).
 
     Raises:
       ModelError: naming the site, for models or options the preset cannot fit.

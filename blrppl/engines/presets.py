@@ -185,7 +185,7 @@ def nonconjugate_vi(
     return make_config(
         name="NonConjugateVI", mode=mode, schedule=schedule, learning_rate=learning_rate, estimators=options,
         families=families or {}, blocks=blocks or (), order=order, init=init or {}, average=average,
-        joint_hyperparameters=True, newton=blocks == "all",
+        joint_hyperparameters=True, newton=blocks == "all", gaussian_fallback=True,
     )
 
 
