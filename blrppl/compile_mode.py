@@ -162,6 +162,7 @@ def fast_compile(data: Any, small_bytes: int = SMALL_DATA_BYTES) -> bool:
 
 
 _PLANNED_STEPS: contextvars.ContextVar = contextvars.ContextVar("blrppl_planned_steps", default=None)
+_MAX_LOOP_DECISIONS = 64  # per loop program; each keeps its static arguments (an algorithm) alive
 
 
 @contextlib.contextmanager
@@ -265,7 +266,7 @@ class SizeDependentJit:
             except Exception:  # noqa: BLE001 - no estimate: XLA's defaults, as for any large data
                 flops = math.inf
             decision = flops * steps <= LOOP_FLOP_BUDGET
-            recently_used(self._cheap_loops, key, lambda: decision, _MAX_PROBES)
+            recently_used(self._cheap_loops, key, lambda: decision, _MAX_LOOP_DECISIONS)
         return decision
 
     def __call__(self, *args: Any) -> Any:
