@@ -27,7 +27,7 @@ from blrppl.compile_mode import probe
 from blrppl.graph import tape
 from blrppl.estimators.base import FactorEstimator, Method, factor_log_density, owner, var_info
 from blrppl.estimators.cubature import MAX_CUBATURE_DIM
-from blrppl.estimators.nonconjugate import expectation_over, refuse_minibatch
+from blrppl.estimators.nonconjugate import expectation_over, refuse_minibatch, separable_blocks
 from blrppl.graph.nodes import FactorGraph
 from blrppl.symbolic.analysis import analyse
 from blrppl.symbolic.canonical import Unsupported
@@ -86,6 +86,8 @@ def hybrid_estimator(
     needed = {p: stats_needed(terms.terms, p) for p in points + uncertain}
     if method == "auto":
         method = _auto(qs, uncertain)
+        if method == "mc" and _separable_plate(graph, factor, qs, examples, uncertain):
+            method = "quadrature"
     expectation = expectation_over(factor, qs, uncertain, method, num_samples, second_order=second_order)
 
     def estimate(rng_key, mean, params, arrays, batch=None):
@@ -111,6 +113,29 @@ def _constrain(q: Any, value: Any, run: Callable = lambda f: f) -> Any:
     """``value`` on the site's constrained space (``run``: how ``q.transform`` is called,
     :func:`~blrppl.compile_mode.probe` on the host)."""
     return value if q.transform is None else run(q.transform)(value)
+
+
+def _separable_plate(graph: FactorGraph, factor: str, qs: Mapping[str, Any], examples: Mapping[str, Any], uncertain) -> bool:
+    """Whether the one estimated neighbour is a plated Gaussian (independent elements) in which
+    log f is a sum of terms each touching one element (a scale per group: ``Normal(loc,
+    sigma[group])``), so that Gauss-Hermite takes every element at once with the same node
+    (:func:`~blrppl.estimators.quadrature.gauss_hermite`), deterministic where Monte Carlo
+    would be noisy. Checked on log f's Hessian in that variable at the example (random masks:
+    :func:`~blrppl.estimators.nonconjugate.separable_blocks`)."""
+    if len(uncertain) != 1:
+        return False
+    (u,) = uncertain
+    q = qs[u]
+    if not q.family.gaussian or q.family.chain or q.family.event_ndim != 0 or q.joint or math.prod(q.shape) < 2:
+        return False
+    node = graph.factors[factor]
+    transforms = {v: qs[v].transform for v in node.neighbours if qs[v].transform is not None}
+    fixed = {k: x for k, x in examples.items() if k not in node.neighbours}
+    density = factor_log_density(graph, factor, transforms, fixed)
+    try:
+        return separable_blocks(density, examples, node.neighbours, u, num_axes=len(q.shape))
+    except Exception:  # noqa: BLE001 - no verdict: Monte Carlo, as before
+        return False
 
 
 def _auto(qs: Mapping[str, Any], uncertain: Sequence[str]) -> str:

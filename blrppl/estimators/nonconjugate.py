@@ -150,7 +150,7 @@ def nonconjugate_estimator(
         return FactorEstimator(factor, (), Method((), (), method), point_estimate)
     sequential = calls_lapack(log_density, {v: examples[v] for v in neighbours})
     for v in neighbours:
-        if qs[v].family.chain and not _separable_in_time(log_density, examples, neighbours, v, qs[v].num_batch + 1):
+        if qs[v].family.chain and not separable_blocks(log_density, examples, neighbours, v, qs[v].num_batch + 1):
             raise ModelError(
                 f"site {factor!r}: the factor is not conjugate in the chain {v!r} ({reason}) and couples "
                 "its time steps; non-conjugate site parameters of a chain are available for factors "
@@ -353,10 +353,11 @@ def expectation_over(
     return estimate
 
 
-def _separable_in_time(log_density, examples, neighbours, v, num_axes: int = 1, num_masks: int = 3) -> bool:
-    """Whether log f's Hessian in the chain ``v`` is block diagonal over (sequence, time) (random masks).
+def separable_blocks(log_density, examples, neighbours, v, num_axes: int = 1, num_masks: int = 3) -> bool:
+    """Whether log f's Hessian in ``v`` is block diagonal over the leading ``num_axes`` axes of its
+    value (random masks): a chain's (sequence, time), a plated variable's elements.
 
-    ``num_axes``: the leading axes of the chain's value that index sequences and time. The
+    ``num_axes``: the leading axes of the value that index the blocks. The
     Hessian-vector products of every mask are one compiled program (:func:`probe`), not
     eager operations (60 one-operation compilations, 0.7 s, on a stochastic volatility model).
     """

@@ -327,3 +327,56 @@ def test_a_newton_step_that_would_collapse_the_elbo_is_retried_smaller(rng_key):
     elbo = np.asarray(result.elbo)
     assert np.all(np.isfinite(elbo)) and elbo.min() > -1e3
     np.testing.assert_allclose(float(result.posterior["s"].mean), np.std(np.asarray(y)), rtol=0.1)
+
+
+def _group_scales(group, num_groups, y=None):
+    with numpyro.plate("G", num_groups):
+        m = numpyro.sample("m", dist.Normal(0.0, 5.0))
+        s = numpyro.sample("s", dist.HalfNormal(1.0))
+    with numpyro.plate("N", group.shape[0]):
+        numpyro.sample("y", dist.Normal(m[group], s[group]), obs=y)
+
+
+def test_a_scale_per_group_takes_quadrature_element_by_element(rng_key):
+    """y ~ Normal(m[g], s[g]): log f is a sum of terms each touching one s[g], so Gauss-Hermite
+    takes every group's scale at once with the same node (deterministic), where the 6-dimensional
+    plated neighbour used to get Monte Carlo. The groups are independent here: each group's q
+    equals a fit of that group's data alone, whose one scalar scale has plain quadrature."""
+    rng = np.random.default_rng(3)
+    group = np.repeat(np.arange(6), 30)
+    y = rng.normal(0, 2, 6)[group] + rng.uniform(0.5, 2.0, 6)[group] * rng.normal(size=180)
+    engine = blrppl.NonConjugateVI(_group_scales)
+    result = engine.run(rng_key, 500, jnp.asarray(group), 6, y=jnp.asarray(y), progress_bar=False, tol=1e-12)
+    assert result.estimators["y"] == "exact+quadrature" and result.converged and not result.converged.monte_carlo
+    for g in range(6):
+        alone = engine.run(
+            rng_key, 500, jnp.zeros(30, int), 1, y=jnp.asarray(y[group == g]), progress_bar=False, tol=1e-12
+        )
+        assert alone.estimators["y"] == "exact+quadrature"
+        for site in ("m", "s"):
+            q, ref = result.posterior[site], alone.posterior[site]
+            np.testing.assert_allclose(q.mean[g], ref.mean[0], rtol=1e-6, err_msg=site)
+            np.testing.assert_allclose(q.variance[g], ref.variance[0], rtol=1e-5, err_msg=site)
+
+
+def test_a_plated_scale_that_couples_its_elements_keeps_monte_carlo(rng_key):
+    """The element-by-element rule needs log f separable in the plated neighbour: a likelihood
+    whose scale sums the groups' scales is not, and keeps Monte Carlo."""
+
+    def model(group, y=None):
+        with numpyro.plate("G", 4):
+            m = numpyro.sample("m", dist.Normal(0.0, 5.0))
+            s = numpyro.sample("s", dist.HalfNormal(1.0))
+        with numpyro.plate("N", group.shape[0]):
+            numpyro.sample("y", dist.Normal(m[group], s[group] + jnp.sum(s)), obs=y)
+
+    group = np.repeat(np.arange(4), 10)
+    plan = blrppl.NonConjugateVI(model).plan(jnp.asarray(group), y=jnp.asarray(np.linspace(-1, 1, 40)))
+    assert plan.estimators[-1].method.noisy and "quadrature" not in plan.estimators[-1].method.label
+
+    from blrppl.estimators.nonconjugate import separable_blocks
+
+    x = {"x": np.linspace(0.5, 2.0, 5)}
+    separable = lambda values, params: jnp.sum(values["x"] ** 2 * jnp.arange(5.0))  # noqa: E731
+    coupled = lambda values, params: jnp.sum(values["x"]) ** 2 + jnp.sum(values["x"] ** 2)  # noqa: E731
+    assert separable_blocks(separable, x, ("x",), "x") and not separable_blocks(coupled, x, ("x",), "x")
