@@ -116,24 +116,29 @@ def _constrain(q: Any, value: Any, run: Callable = lambda f: f) -> Any:
 
 
 def _separable_plate(graph: FactorGraph, factor: str, qs: Mapping[str, Any], examples: Mapping[str, Any], uncertain) -> bool:
-    """Whether the one estimated neighbour is a plated Gaussian (independent elements) in which
-    log f is a sum of terms each touching one element (a scale per group: ``Normal(loc,
-    sigma[group])``), so that Gauss-Hermite takes every element at once with the same node
-    (:func:`~blrppl.estimators.quadrature.gauss_hermite`), deterministic where Monte Carlo
-    would be noisy. Checked on log f's Hessian in that variable at the example (random masks:
-    :func:`~blrppl.estimators.nonconjugate.separable_blocks`)."""
-    if len(uncertain) != 1:
+    """Whether the estimated neighbours are one plated Gaussian (independent elements), or a
+    scalar Gaussian and one such, in which log f is a sum of terms each touching one element of
+    the plated one (a scale per group: ``Normal(loc, sigma[group])``; a global and a local
+    scale: ``Normal(0, tau * lam)``), so that Gauss-Hermite takes every element at once with
+    the same node (:func:`~blrppl.estimators.quadrature.gauss_hermite`, and its product with
+    the scalar's rule, :func:`~blrppl.estimators.quadrature.gauss_hermite_product`):
+    deterministic where Monte Carlo would be noisy. Checked on log f's Hessian in the plated
+    variable at the example (random masks: :func:`~blrppl.estimators.nonconjugate.separable_blocks`)."""
+    if not 1 <= len(uncertain) <= 2:
         return False
-    (u,) = uncertain
-    q = qs[u]
-    if not q.family.gaussian or q.family.chain or q.family.event_ndim != 0 or q.joint or math.prod(q.shape) < 2:
+    diagonal = {u: qs[u].family.gaussian and not qs[u].family.chain and qs[u].family.event_ndim == 0 and not qs[u].joint
+                for u in uncertain}
+    plated = [u for u in uncertain if diagonal[u] and math.prod(qs[u].shape) >= 2]
+    scalars = [u for u in uncertain if diagonal[u] and math.prod(qs[u].shape) == 1]
+    if len(plated) != 1 or len(plated) + len(scalars) != len(uncertain):
         return False
+    (u,) = plated
     node = graph.factors[factor]
     transforms = {v: qs[v].transform for v in node.neighbours if qs[v].transform is not None}
     fixed = {k: x for k, x in examples.items() if k not in node.neighbours}
     density = factor_log_density(graph, factor, transforms, fixed)
     try:
-        return separable_blocks(density, examples, node.neighbours, u, num_axes=len(q.shape))
+        return separable_blocks(density, examples, node.neighbours, u, num_axes=len(qs[u].shape))
     except Exception:  # noqa: BLE001 - no verdict: Monte Carlo, as before
         return False
 

@@ -52,6 +52,7 @@ from blrppl.estimators.minibatch import rows_or_all
 from blrppl.estimators.monte_carlo import monte_carlo
 from blrppl.estimators.quadrature import (
     gauss_hermite,
+    gauss_hermite_product,
     hermite_rule,
     predictor_expectations,
 )
@@ -309,7 +310,11 @@ def expectation_over(
         def log_f(values):  # a block over several axes is sampled flat: give it its shape
             return shaped({**values, **{v: qs[v].value_from_family(x) for v, x in values.items() if v in gaussians}})
 
-        if method == "quadrature":
+        if method == "quadrature" and len(gaussians) == 2:  # a scalar and a plated variable
+            value, grads = gauss_hermite_product(QUADRATURE_POINTS, sequential=sequential).estimate(
+                rng_key, marginal, log_f
+            )
+        elif method == "quadrature":
             (v,) = gaussians
             value, grad = gaussian.estimate(rng_key, marginal[v], lambda x: log_f({v: x}))
             grads = {v: grad}

@@ -136,6 +136,38 @@ def gauss_hermite(num_points: int, *, max_dim: int = 3, sequential: bool = False
     return GaussianEstimator(estimate=estimate, method="quadrature")
 
 
+def gauss_hermite_product(num_points: int, *, sequential: bool = False) -> GaussianEstimator:
+    """Gauss-Hermite over two diagonal Gaussian variables at once: the n x n product of their
+    rules, every element of each variable taking that variable's node index (as in
+    :func:`gauss_hermite`), so log f must be separable across each variable's elements given
+    the other's (a scalar global scale and a plated local one: ``Normal(0, tau * lam)``).
+    ``estimate(rng_key, {name: NormalStats}, log_f)`` with ``log_f({name: value})``; the
+    gradients are those of the quadrature value in each variable's mean parameters (Khan & Rue,
+    Eqs. 10-11, as :func:`gauss_hermite`)."""
+    _check_num_points(num_points)
+    nodes, weights = hermite_rule(num_points, 2)
+
+    def expected_log_factor(mean: dict, log_factor: Callable[[dict], Array]) -> Array:
+        names = sorted(mean)
+        if len(names) != 2 or not all(isinstance(mean[v], NormalStats) for v in names):
+            raise TypeError("gauss_hermite_product takes two diagonal Gaussian variables (NormalStats).")
+        locs_scales = [loc_scale(mean[v]) for v in names]
+        dtype = locs_scales[0][0].dtype
+        grid = jnp.asarray(nodes, dtype)
+
+        def at(node):
+            return jnp.sum(log_factor({v: loc + scale * node[i] for i, (v, (loc, scale)) in enumerate(zip(names, locs_scales))}))
+
+        values = jax.lax.map(at, grid) if sequential else jax.vmap(at)(grid)
+        return jnp.dot(jnp.asarray(weights, dtype), values)
+
+    def estimate(rng_key: PRNGKey | None, mean: dict, log_factor: Callable[[dict], Array]) -> tuple[Array, dict]:
+        del rng_key  # Deterministic.
+        return jax.value_and_grad(expected_log_factor)(mean, log_factor)
+
+    return GaussianEstimator(estimate=estimate, method="quadrature")
+
+
 # GLM likelihoods on linear predictors (Khan & Lin 2017).
 
 

@@ -567,3 +567,29 @@ def test_float32_inputs_stay_float32(rng_key):
         assert all(leaf.dtype == jnp.float32 for leaf in g)
     natural = MVNStats(x=np.linalg.solve(cov, loc), xxT=-0.5 * np.linalg.inv(cov))
     assert all(leaf.dtype == jnp.float32 for leaf in _step(natural, natural, 0.5))
+
+
+def test_the_product_rule_is_exact_for_a_scalar_and_a_plated_variable():
+    """E over q(u) q(w_1..w_3) of a u^2 w_i + b u w_i^2 + c w_i (separable in w given u) and its
+    gradients in the mean parameters (x = m, x_sq = m^2 + v), exact with 10 nodes per variable."""
+    from blrppl.estimators.quadrature import gauss_hermite_product
+
+    a, b, c = 0.7, -1.3, 0.4
+    m_u, v_u = 0.3, 0.5
+    m_w, v_w = np.array([0.2, -1.0, 1.5]), np.array([0.3, 0.8, 0.1])
+    mean = {
+        "u": NormalStats(x=jnp.asarray(m_u), x_sq=jnp.asarray(m_u**2 + v_u)),
+        "w": NormalStats(x=jnp.asarray(m_w), x_sq=jnp.asarray(m_w**2 + v_w)),
+    }
+
+    def log_f(values):
+        u, w = values["u"], values["w"]
+        return a * u**2 * w + b * u * w**2 + c * w  # per element of w
+
+    value, grads = gauss_hermite_product(10).estimate(None, mean, log_f)
+    x_u, s_u, x_w, s_w = m_u, m_u**2 + v_u, m_w, m_w**2 + v_w
+    np.testing.assert_allclose(value, a * s_u * x_w.sum() + b * x_u * s_w.sum() + c * x_w.sum(), rtol=1e-12)
+    np.testing.assert_allclose(grads["u"].x, b * s_w.sum(), rtol=1e-10)
+    np.testing.assert_allclose(grads["u"].x_sq, a * x_w.sum(), rtol=1e-10)
+    np.testing.assert_allclose(grads["w"].x, a * s_u + c, rtol=1e-10)
+    np.testing.assert_allclose(grads["w"].x_sq, np.full(3, b * x_u), rtol=1e-10, atol=1e-12)
