@@ -8,7 +8,7 @@ Each model runs in a fresh Python process (JAX's in-process caches empty, no
 persistent compilation cache), so each row is a true first call:
 ``engine.run`` in a new engine, tracing, planning, compilation and the fit,
 after JAX's own start-up. ``--models styles``: the ten models of
-``benchmarks/styles.py``, written outside the zoo. Models without an engine in :data:`ENGINES` get the
+``models/styles.py``, written outside the zoo. Models without an engine in :data:`ENGINES` get the
 one ``python -m blrppl fit`` picks (``blrppl.choose``, its time included; a
 ``*`` marks ``blocks="all"``). It prints the wall seconds (with the machine's load:
 on a shared machine read the CPU seconds, ``time.process_time``, all threads),
@@ -53,7 +53,7 @@ def _one(name: str) -> dict:
     jnp.ones(3).block_until_ready()  # JAX's own start-up, not ours
 
     import blrppl
-    from benchmarks import styles
+    from models import styles
     from models import ZOO, gp
 
     compiles = []
@@ -80,7 +80,7 @@ def _one(name: str) -> dict:
         model = ZOO[name].model
         args, kwargs = gp.data(100)
         steps, tol = 100, 1e-6
-    elif name in styles.MODELS:  # a model outside the zoo (benchmarks/styles.py)
+    elif name in styles.MODELS:  # a model outside the zoo (models/styles.py)
         model, data = styles.MODELS[name]
         args, kwargs = data()
         steps, tol = 200, 1e-8
@@ -118,7 +118,7 @@ def main() -> None:
     print(f"{'model':28s} {'engine':15s} {'steps':>5s} {'wall s':>7s} {'CPU s':>7s} {'compiles':>8s} {'compile s':>9s}")
     if options.models in ("all", "styles"):
         sys.path.insert(0, ROOT)
-        from benchmarks import styles
+        from models import styles
         from models import ZOO
 
         options.models = ",".join(ZOO if options.models == "all" else styles.NAMES)

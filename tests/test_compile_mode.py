@@ -217,18 +217,6 @@ def test_accelerators_keep_xlas_defaults(restore_mode):
     assert compile_mode.fast_compile(on_cpu)  # data committed to the host CPU still compile cheaply there
 
 
-def _hierarchical_logistic(group, x, y=None):
-    import numpyro
-    import numpyro.distributions as dist
-
-    mu = numpyro.sample("mu", dist.Normal(0.0, 2.0))
-    sd = numpyro.sample("sd", dist.HalfNormal(1.0))
-    beta = numpyro.sample("beta", dist.Normal(0.0, 2.0))
-    with numpyro.plate("groups", 15):
-        a = numpyro.sample("a", dist.Normal(mu, sd))
-    numpyro.sample("y", dist.Bernoulli(logits=a[group] + beta * x), obs=y)
-
-
 def _random_walk(y=None):
     import numpyro
     import numpyro.distributions as dist
@@ -253,10 +241,11 @@ def test_a_loop_over_larger_data_compiles_cheaply_where_its_run_is_short(restore
     operation count per step times the steps asked for) is within LOOP_FLOP_BUDGET; not for a
     long run, not outside a run (no step count), and not for a chain, whose passes the estimate
     cannot see."""
-    rng = np.random.default_rng(0)
-    group, x = rng.integers(0, 15, 700), rng.normal(size=700)
-    y = (rng.random(700) < 0.5).astype(float)
-    plan, args = _loop_args(blrppl.NonConjugateVI(_hierarchical_logistic), group, x, y=y)
+    from models import styles
+
+    model, data = styles.MODELS["logistic_random_intercepts"]  # 600 rows, 15 groups
+    data_args, data_kwargs = data()
+    plan, args = _loop_args(blrppl.NonConjugateVI(model), *data_args, **data_kwargs)
     assert not compile_mode.fast_compile(plan.arrays)  # over the size bound
     loop = driver._run_chunk
     with compile_mode.planned_steps(200):
@@ -269,6 +258,7 @@ def test_a_loop_over_larger_data_compiles_cheaply_where_its_run_is_short(restore
         assert loop.variant(*args) is loop.optimized
 
     compile_mode.set_compile_mode("auto")
+    rng = np.random.default_rng(0)
     plan, args = _loop_args(blrppl.VMP(_random_walk), y=rng.normal(size=10_000))
     assert args[0].chained and not compile_mode.fast_compile(plan.arrays)
     with compile_mode.planned_steps(2):

@@ -1,9 +1,9 @@
 """Ten models outside the zoo, written the way NumPyro users write them, for first-call timing.
 
-The zoo's first calls are what the suite and the README track; these are not tuned for. Each
-entry is ``name -> (model, data)``, ``data()`` returning ``(args, kwargs)`` at a fixed seed.
-``benchmarks/first_call_profile.py --models styles`` times their first calls (the engine
-``blrppl.choose`` picks, as ``python -m blrppl fit`` does). Not part of the tests.
+Not in ``ZOO``: the zoo's first calls are what the README tracks, and these were not tuned
+for. Each entry is ``name -> (model, data)``, ``data()`` returning ``(args, kwargs)`` at a
+fixed seed. ``benchmarks/first_call_profile.py --models styles`` times their first calls (the
+engine ``blrppl.choose`` picks, as ``python -m blrppl fit`` does); some tests fit them too.
 """
 
 from __future__ import annotations
