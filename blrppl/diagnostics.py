@@ -206,50 +206,66 @@ def _importance_draws(
 def _log_ratios(plan: Any):
     """``(draws, natural, params, data) -> (log_ratio, magnitude, sites)`` over a leading axis of
     draws; ``data``: the model's array arguments (None: the traced ones, as constants)."""
-    graph = plan.graph
     dtype = jnp.result_type(float)
 
     def log_ratio(draw: dict, natural: dict, params: dict, data: Any) -> tuple:
         log_q = jnp.zeros((), dtype)
-        log_det = jnp.zeros((), dtype)
         magnitude = jnp.zeros((), dtype)
-        values = {}
         for v, q in plan.qs.items():
-            u = draw[v]
-            terms = q.family.to_numpyro(natural[v]).log_prob(u)
+            terms = q.family.to_numpyro(natural[v]).log_prob(draw[v])
             log_q = log_q + jnp.sum(terms)
             magnitude = magnitude + jnp.sum(jnp.abs(terms))
-            if q.joint:
-                values.update(q.transform(u))
-                for site in q.transform.sites:
-                    log_det = log_det + q.transform.log_abs_det_jacobian_site(u, site)
-                continue
-            u = q.value_from_family(u)
-            if q.transform is None:
-                values[v] = u
-                continue
-            x = q.transform(u)
-            jacobian = q.transform.log_abs_det_jacobian(u, x)
-            log_det = log_det + jnp.sum(jacobian)
-            magnitude = magnitude + jnp.sum(jnp.abs(jacobian))
-            values[v] = x
-        substituted = split_latents(graph, values)
-        sites = dict(substituted)
-        substituted.update(params)
-        model_args, model_kwargs = (graph.model_args, graph.model_kwargs) if data is None else graph.data.rebuild(data)
-        log_joint, model_trace = log_density(graph.model, model_args, model_kwargs, substituted)
-        for site in model_trace.values():
-            if site["type"] != "sample":
-                continue
-            terms = jnp.abs(site["fn"].log_prob(site["value"]))
-            if site.get("mask") is not None:
-                terms = jnp.where(site["mask"], terms, 0.0)
-            if site.get("scale") is not None:
-                terms = terms * jnp.abs(site["scale"])
-            magnitude = magnitude + jnp.sum(terms)
-        return log_joint + log_det - log_q, magnitude, sites
+        log_joint, size, sites = log_joint_in_q_space(plan, draw, params, data)
+        return log_joint - log_q, magnitude + size, sites
 
     return jax.vmap(log_ratio, in_axes=(0, None, None, None))
+
+
+def log_joint_in_q_space(plan: Any, point: dict, params: dict, data: Any, *, with_magnitude: bool = True) -> tuple:
+    """log p(x, y) + log |det J| at a point of q's own spaces (variable -> a value in its family's
+    layout: a draw, or q's mean), the density whose ratio to q's PSIS and linear response read.
+
+    Returns ``(log_joint, magnitude, sites)``: the log density, the sum of the absolute values of
+    its terms (the scale of its rounding error) and numpyro latent site name -> value.
+    ``data``: the model's array arguments (None: the traced ones, as constants);
+    ``with_magnitude``: False leaves the magnitude of the model's terms out (zero: nothing traced).
+    """
+    graph = plan.graph
+    dtype = jnp.result_type(float)
+    log_det = jnp.zeros((), dtype)
+    magnitude = jnp.zeros((), dtype)
+    values = {}
+    for v, q in plan.qs.items():
+        u = point[v]
+        if q.joint:
+            values.update(q.transform(u))
+            for site in q.transform.sites:
+                log_det = log_det + q.transform.log_abs_det_jacobian_site(u, site)
+            continue
+        u = q.value_from_family(u)
+        if q.transform is None:
+            values[v] = u
+            continue
+        x = q.transform(u)
+        jacobian = q.transform.log_abs_det_jacobian(u, x)
+        log_det = log_det + jnp.sum(jacobian)
+        magnitude = magnitude + jnp.sum(jnp.abs(jacobian))
+        values[v] = x
+    substituted = split_latents(graph, values)
+    sites = dict(substituted)
+    substituted.update(params)
+    model_args, model_kwargs = (graph.model_args, graph.model_kwargs) if data is None else graph.data.rebuild(data)
+    log_joint, model_trace = log_density(graph.model, model_args, model_kwargs, substituted)
+    for site in model_trace.values() if with_magnitude else ():
+        if site["type"] != "sample":
+            continue
+        terms = jnp.abs(site["fn"].log_prob(site["value"]))
+        if site.get("mask") is not None:
+            terms = jnp.where(site["mask"], terms, 0.0)
+        if site.get("scale") is not None:
+            terms = terms * jnp.abs(site["scale"])
+        magnitude = magnitude + jnp.sum(terms)
+    return log_joint + log_det, magnitude, sites
 
 
 def collapsed_sites(result: Any, q_sites: dict) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from blrppl import linear_response
 from blrppl.blr import driver
 from blrppl.blr.build import build_blr, judged_by_mode
 from blrppl.blr.checks import (
@@ -108,6 +109,7 @@ class Engine:
         λ already on the host, if at hand."""
         if not len(elbo):
             return ()
+        spread = linear_response.dispatch(plan, state.natural, state.params)  # runs while the host checks
         if plan.init_params:
             boundary = boundary_estimates(plan, self.build(plan, fixed_params=True), state, float(np.asarray(elbo)[-1]))
             if boundary:
@@ -118,7 +120,7 @@ class Engine:
         fell = fell_from_best(plan.qs, natural, elbo) if ascent else ()
         return off_target(state) + drifted_average(plan.qs, state) + (
             fell or (steady_climb(elbo, stopped) + vanishing_sites(plan.qs, natural))
-        )
+        ) + linear_response.understated_spread_flag(None if spread is None else spread.read())
 
     def batch_member_flags(
         self, plan: Plan, state: Any, elbo: np.ndarray, stopped: bool, noisy: bool, natural: Any = None
@@ -196,6 +198,7 @@ class Engine:
             num_restarts = 1 if init_state is not None else default_restarts(plan)
         if int(num_restarts) != num_restarts or num_restarts < 1:
             raise ValueError(f"num_restarts must be a positive integer, got {num_restarts}.")
+        linear_response.prepare(plan)  # its check's program compiles beside the fit's
         if num_restarts > 1:
             return self._run_restarts(plan, rng_key, num_steps, int(num_restarts), init_state, tol, progress_bar)
         algorithm = self.build(plan)

@@ -399,7 +399,9 @@ def test_a_global_and_a_local_scale_take_product_quadrature(rng_key):
     model, X, y = _horseshoe()
     result = blrppl.NonConjugateVI(model).run(rng_key, 1000, X, y=y, progress_bar=False, tol=1e-8)
     assert result.estimators["beta"] == "exact+quadrature" and result.estimators["y"] == "exact+quadrature"
-    assert result.converged and not result.converged.monte_carlo and not result.flags
+    assert result.converged and not result.converged.monte_carlo
+    # Mean-field's tau is too narrow (NUTS's sd is about 2.3x q's): linear response says so.
+    assert len(result.flags) == 1 and "understates the posterior spread of 'tau'" in result.flags[0]
 
 
 @pytest.mark.slow

@@ -1,0 +1,229 @@
+"""How much spread mean-field q leaves out: linear response at q's mean.
+
+Mean-field q factorises over blocks. Where the posterior couples blocks
+strongly (a global mean and the crossed random effects that all shift with
+it), each block's q is the posterior's *conditional* given the others, and
+its spread is about the conditional's: much narrower than the marginal's
+(mean-field's optimum of the ELBO, Khan & Rue Sec. 5.3, with the correlation
+between blocks outside the family). The fit then looks converged and
+confident, and its uncertainty is wrong.
+
+Linear response (Giordano, Broderick & Jordan 2018) measures it from the
+curvature of the log joint. With P = -∇² log p(u) at q's mean, over every
+Gaussian block u_b (q's unconstrained space), a Gaussian with precision P
+has marginal variances diag(P⁻¹), and a mean-field fit of it has variances
+diag((P_bb)⁻¹) per block: the ratio
+
+    r_i = sqrt([P⁻¹]_ii · [(P_bb)⁻¹]⁻¹_ii)  >= 1
+
+is how many times too small mean-field's standard deviation of coordinate i
+is (exact where log p is quadratic, as in a linear mixed model given its
+scales). :func:`spread_left_out` computes it after a fit (one compiled
+Hessian per plan signature, only where the Gaussian latents are few and
+some factor couples two of their blocks); :func:`understated_spread_flag`
+turns a ratio above :data:`UNDERSTATED_SD` into a flag on the result that
+names the sites and the remedy (a joint Gaussian block).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.linalg import solve_triangular
+from numpyro.distributions.distribution import validation_enabled
+
+from blrppl.blr.ahead import CompiledInBackground
+from blrppl.compile_mode import jit_for
+from blrppl.diagnostics import log_joint_in_q_space
+from blrppl.draws import compiled_for, model_data
+
+MAX_DIM = 256
+"""The most Gaussian scalars whose joint curvature a fit checks (a D x D Hessian: D passes)."""
+
+MAX_WORK = 5e7
+"""The most D x (elements of the model's data) a check takes: D passes over the data each."""
+
+UNDERSTATED_SD = 1.5
+"""A mean-field sd this many times smaller than linear response's is flagged."""
+
+FLAG = "mean-field q understates the posterior spread of "
+"""How the flag of :func:`understated_spread_flag` begins (:func:`understated` looks for it)."""
+
+
+class SpreadLeftOut(NamedTuple):
+    """Linear response's view of a mean-field fit (module docstring), on the host.
+
+    Attributes:
+      ratio: variable -> the largest r_i over its elements (>= 1): how many times linear
+        response's marginal sd exceeds the block-conditional (mean-field) one.
+      definite: whether -∇² log p at q's mean was positive definite (else ``ratio`` means
+        nothing: no Gaussian approximation there to compare with).
+    """
+
+    ratio: dict
+    definite: bool
+
+
+def _blocks(plan: Any) -> Optional[list]:
+    """``[(variable, size, block_size)]`` of the Gaussian q's a check covers, or None where it does
+    not apply: discrete or chain q, minibatches, missing data integrated out, data the model needs
+    as values, too many scalars (or passes over too much data), or no factor on two Gaussian variables (a factor that couples the
+    elements of one plated variable alone, a random walk written with a plate, is not checked)."""
+    if plan.subsample is not None or plan.imputed or plan.orphans or plan.data_static:
+        return None
+    entries = []
+    for v, q in plan.qs.items():
+        family, node = q.family, plan.graph.variables.get(v)
+        if family.chain or family.index_valued or q.num_categories or (node is not None and node.discrete):
+            return None
+        if family.gaussian:
+            block = math.prod(q.block_shape) if family.event_ndim == 1 else 1
+            entries.append((v, math.prod(q.shape), block))
+    dim = sum(size for _, size, _ in entries)
+    if not entries or dim > MAX_DIM or dim * sum(np.size(a) for a in plan.arrays.data) > MAX_WORK:
+        return None
+    gaussian = {v for v, _, _ in entries}
+    coupled = any(len(gaussian.intersection(est.neighbours)) >= 2 for est in plan.estimators)
+    return entries if coupled else None
+
+
+def checked_sites(plan: Any) -> tuple[str, ...]:
+    """The Gaussian latents a check of ``plan`` reads (empty where it does not apply)."""
+    entries = _blocks(plan)
+    return () if entries is None else tuple(v for v, _, _ in entries)
+
+
+class Pending(NamedTuple):
+    """A dispatched check (:func:`dispatch`): read it with :meth:`read`."""
+
+    names: tuple
+    definite: jax.Array
+    ratios: jax.Array
+
+    def read(self) -> SpreadLeftOut:
+        definite, ratios = jax.device_get((self.definite, self.ratios))
+        return SpreadLeftOut(dict(zip(self.names, np.asarray(ratios).tolist())), bool(definite))
+
+
+def prepare(plan: Any) -> None:
+    """Trace the check's program for ``plan`` (where it applies) and compile it in a thread, beside
+    the fit's own compilation: a first fit then waits for none of it. Once per plan signature."""
+    _check(plan)
+
+
+def dispatch(plan: Any, natural: dict, params: dict) -> Optional[Pending]:
+    """Start the check of a mean-field fit's q (module docstring) on the device, or None where it
+    does not apply (see :func:`_blocks`). One compiled program per plan signature; dispatched
+    before the host's other checks of the fit, it runs while they do."""
+    check = _check(plan)
+    if check is None or check.program is None:
+        return None
+    definite, ratios = check(natural, dict(params), model_data(plan))
+    return Pending(check.names, definite, ratios)
+
+
+class _Check(NamedTuple):
+    names: tuple
+    program: Any
+    ahead: Any  # the program compiled in a thread for the plan's argument types (or None)
+
+    def __call__(self, *args: Any) -> tuple:
+        if self.ahead is not None:
+            try:
+                return self.ahead(*args)
+            except (TypeError, ValueError):  # other argument types than foreseen: the plain call
+                pass
+        return self.program(*args)
+
+
+def _check(plan: Any) -> Optional[_Check]:
+    entries = _blocks(plan)
+    if entries is None:
+        return None
+
+    def build() -> _Check:
+        program = jit_for(plan.arrays, _program(plan, entries), one_shot=True)
+        names = tuple(v for v, _, _ in entries)
+        try:
+            natural = jax.eval_shape(lambda: {v: q.example_natural() for v, q in plan.qs.items()})
+            lowered = program.lower(natural, dict(plan.arrays.params), model_data(plan))
+        except Exception:  # noqa: BLE001 - model code that cannot take q's mean as a point: no check
+            return _Check(names, None, None)
+        return _Check(names, program, CompiledInBackground(lowered))
+
+    return compiled_for(plan, ("linear_response",), build, by_signature=True)
+
+
+def spread_left_out(plan: Any, natural: dict, params: dict) -> Optional[SpreadLeftOut]:
+    """Linear response at q's mean for a mean-field fit (module docstring), or None where the
+    check does not apply (see :func:`_blocks`)."""
+    pending = dispatch(plan, natural, params)
+    return None if pending is None else pending.read()
+
+
+def _program(plan: Any, entries: list):
+    """``(natural, params, data) -> (definite, ratios)``: -∇² log p over the flat Gaussian blocks at
+    q's mean (every other q at its mean, a point in its family's layout), its Cholesky factor, and
+    per variable the largest ratio of marginal to block-conditional sd."""
+    names = [v for v, _, _ in entries]
+
+    def program(natural: dict, params: dict, data: Any) -> tuple:
+        with validation_enabled(False):  # numpyro's checks evaluate eagerly, compiling op by op
+            point = {v: q.family.to_numpyro(natural[v]).mean for v, q in plan.qs.items()}
+        flat = jnp.concatenate([jnp.ravel(point[v]) for v in names])
+
+        def log_joint(u: jax.Array) -> jax.Array:
+            moved, start = dict(point), 0
+            for v, size, _ in entries:
+                moved[v] = jnp.reshape(u[start : start + size], jnp.shape(point[v]))
+                start += size
+            return log_joint_in_q_space(plan, moved, params, data, with_magnitude=False)[0]
+
+        hessian = jax.hessian(log_joint)(flat)
+        precision = -0.5 * (hessian + hessian.T)
+        chol = jnp.linalg.cholesky(precision)  # NaN where not positive definite
+        definite = jnp.all(jnp.isfinite(chol))
+        whitened = solve_triangular(chol, jnp.eye(flat.shape[0], dtype=flat.dtype), lower=True)
+        joint = jnp.sum(whitened**2, axis=0)  # diag(P⁻¹)
+        ratios, start = [], 0
+        for _, size, block in entries:
+            index = start + np.arange(size).reshape(-1, block)
+            blocks = precision[index[:, :, None], index[:, None, :]]  # (size / block, block, block)
+            conditional = jnp.ravel(jnp.diagonal(jnp.linalg.inv(blocks), axis1=-2, axis2=-1))
+            ratio = jnp.sqrt(jnp.maximum(joint[start : start + size] / conditional, 1.0))
+            ratios.append(jnp.max(ratio))
+            start += size
+        return definite, jnp.stack(ratios)
+
+    return program
+
+
+def understated_spread_flag(found: Optional[SpreadLeftOut]) -> tuple[str, ...]:
+    """A flag where mean-field q's sd is :data:`UNDERSTATED_SD` or more times too small by
+    linear response (module docstring); else ``()``."""
+    if found is None or not found.definite:
+        return ()
+    worst = {v: r for v, r in found.ratio.items() if r >= UNDERSTATED_SD}
+    if not worst:
+        return ()
+    ordered = sorted(worst, key=worst.get, reverse=True)
+    shown = ", ".join(f"{v!r} ({worst[v]:.1f}x)" for v in ordered[:4])
+    more = f" and {len(ordered) - 4} more" if len(ordered) > 4 else ""
+    return (
+        f"{FLAG}{shown}{more}: linear response at q's mean "
+        "puts their standard deviation about that many times higher once the correlation between q "
+        "blocks that mean-field leaves out is kept (a Gaussian reading of the curvature: for scales "
+        "of random effects it can overstate the factor; the means are usually fine); fit the coupled "
+        "latents in one full Gaussian (NonConjugateVI(model, blocks='all'), or blocks=[(...)] naming "
+        "them) for their spread",
+    )
+
+
+def understated(result: Any) -> bool:
+    """Whether ``result`` (a :class:`~blrppl.results.BLRResult`) carries the flag of
+    :func:`understated_spread_flag`."""
+    return any(flag.startswith(FLAG) for flag in result.flags)
