@@ -117,6 +117,13 @@ def _fit_one(name: str, entry: Any, args: argparse.Namespace, out: Optional[path
         result = engine.fit(plan, jax.random.key(args.seed), args.steps, **options)
     else:
         result = engine.run(jax.random.key(args.seed), args.steps, *model_args, **options, **model_kwargs)
+    if args.algorithm == AUTO:  # a mean-field fit flagged by linear response: fit the coupled latents jointly
+        from blrppl.choosing import jointly
+
+        joint = jointly(entry.model, result, *model_args, **model_kwargs)
+        if joint is not None:
+            lines.append(f"Refitted with {joint.name}: {joint.reasons[0]}.")
+            result = joint.engine.fit(joint.plan, jax.random.key(args.seed), args.steps, **options)
     seconds = time.perf_counter() - start
     preload.join()
     idata = result.to_arviz(jax.random.key(args.seed + 1), num_samples=args.draws)

@@ -1,0 +1,110 @@
+"""Linear response flags a mean-field fit whose spread is confidently too small (blrppl.linear_response)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+
+import blrppl
+from blrppl.choosing import jointly
+from blrppl.linear_response import UNDERSTATED_SD, spread_left_out
+
+A, B, N = 12, 8, 300
+
+
+def crossed(a, b, y=None):
+    """Two crossed random effects with known scales: every factor conjugate, the posterior Gaussian."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    with numpyro.plate("A", A):
+        ea = numpyro.sample("ea", dist.Normal(0.0, 0.8))
+    with numpyro.plate("B", B):
+        eb = numpyro.sample("eb", dist.Normal(0.0, 0.6))
+    with numpyro.plate("N", a.shape[0]):
+        numpyro.sample("y", dist.Normal(mu + ea[a] + eb[b], 1.0), obs=y)
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(0, A, N), rng.integers(0, B, N)
+    y = 1.0 + rng.normal(0, 0.8, A)[a] + rng.normal(0, 0.6, B)[b] + rng.normal(0, 1.0, N)
+    return jnp.asarray(a), jnp.asarray(b), jnp.asarray(y)
+
+
+def exact_precision(a, b):
+    """The posterior precision of (mu, ea, eb): the design's cross-products plus the priors'."""
+    x = np.zeros((N, 1 + A + B))
+    x[:, 0] = 1.0
+    x[np.arange(N), 1 + np.asarray(a)] = 1.0
+    x[np.arange(N), 1 + A + np.asarray(b)] = 1.0
+    prior = np.concatenate([[1 / 25.0], np.full(A, 1 / 0.64), np.full(B, 1 / 0.36)])
+    return x.T @ x + np.diag(prior)
+
+
+def test_the_ratio_is_exact_on_a_gaussian_posterior_and_the_fit_is_flagged(data):
+    a, b, y = data
+    result = blrppl.VMP(crossed).run(jax.random.key(0), 500, a, b, progress_bar=False, tol=1e-12, y=y)
+    precision = exact_precision(a, b)
+    marginal_sd = np.sqrt(np.diag(np.linalg.inv(precision)))
+    # Mean-field's sds are the conditionals' (1 / sqrt(P_ii)): the understatement measured.
+    post = result.posterior
+    fitted_sd = np.concatenate([np.ravel(post[s].scale) for s in ("mu", "ea", "eb")])
+    np.testing.assert_allclose(fitted_sd, 1 / np.sqrt(np.diag(precision)), rtol=1e-6)
+    ratio = marginal_sd / fitted_sd
+    found = spread_left_out(result.plan, result.state.natural, result.state.params)
+    assert found.definite
+    expected = {"mu": ratio[0], "ea": ratio[1 : 1 + A].max(), "eb": ratio[1 + A :].max()}
+    for site, value in expected.items():
+        assert found.ratio[site] == pytest.approx(value, rel=1e-6)
+    assert expected["mu"] > 2 * UNDERSTATED_SD  # the design makes mean-field's error large
+    flags = [f for f in result.flags if "understates the posterior spread" in f]
+    assert len(flags) == 1 and "'mu'" in flags[0] and "blocks='all'" in flags[0]
+
+
+def test_the_joint_refit_is_the_exact_posterior_and_unflagged(data):
+    """``jointly`` (what the command line refits with): every factor conjugate, so one block over
+    the Gaussian latents the check read, whose q is then the exact Gaussian posterior."""
+    a, b, y = data
+    flagged = blrppl.VMP(crossed).run(jax.random.key(0), 500, a, b, progress_bar=False, tol=1e-12, y=y)
+    joint = jointly(crossed, flagged, a, b, y=y)
+    assert joint is not None and joint.name == "NonConjugateVI"
+    result = joint.engine.fit(joint.plan, jax.random.key(0), 500, progress_bar=False, tol=1e-12)
+    assert result.converged and result.flags == ()
+    cov = np.linalg.inv(exact_precision(a, b))
+    post = result.posterior
+    fitted_sd = np.concatenate([np.ravel(np.sqrt(np.asarray(post[s].variance))) for s in ("mu", "ea", "eb")])
+    np.testing.assert_allclose(fitted_sd, np.sqrt(np.diag(cov)), rtol=1e-4)  # (the joint block's steps are damped)
+    assert jointly(crossed, result, a, b, y=y) is None  # nothing left to join
+
+
+def independent(y=None):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    with numpyro.plate("G", 4):
+        theta = numpyro.sample("theta", dist.Normal(0.0, 1.0))
+    numpyro.sample("y", dist.Normal(mu, 1.0), obs=y[0])
+    with numpyro.plate("G", 4):
+        numpyro.sample("z", dist.Normal(theta, 1.0), obs=y[1:])
+
+
+def test_blocks_that_share_no_factor_are_not_checked_and_uncoupled_ones_give_one():
+    y = jnp.asarray([0.5, 1.0, -0.3, 0.2, 0.8])
+    result = blrppl.VMP(independent).run(jax.random.key(0), 100, progress_bar=False, y=y)
+    found = spread_left_out(result.plan, result.state.natural, result.state.params)
+    assert found is None  # no factor touches two Gaussian blocks: nothing for mean-field to drop
+    assert result.flags == ()
+
+
+def test_the_command_line_refits_a_flagged_mean_field_fit_jointly(data, monkeypatch, capsys):
+    from blrppl import cli
+    from models import ZooModel
+
+    a, b, y = data
+    zoo = {"crossed": ZooModel("crossed", crossed, lambda: ((a, b), {"y": y}), "crossed effects, known scales")}
+    monkeypatch.setattr(cli, "load_zoo", lambda: zoo)
+    assert cli.main(["fit", "crossed", "--steps", "300", "--tol", "1e-10", "--draws", "4000", "--quiet", "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "with VMP" in out and "Refitted with NonConjugateVI" in out and "Flag:" not in out
+    mu_sd = float(next(line for line in out.splitlines() if line.split()[:1] == ["mu"]).split()[2])
+    assert mu_sd == pytest.approx(np.sqrt(np.linalg.inv(exact_precision(a, b))[0, 0]), rel=0.05)  # draws: 4000
