@@ -122,7 +122,10 @@ def dispatch(plan: Any, natural: dict, params: dict) -> Optional[Pending]:
     check = _check(plan)
     if check is None or check.program is None:
         return None
-    definite, ratios = check(natural, dict(params), model_data(plan))
+    try:
+        definite, ratios = check(natural, dict(params), model_data(plan))
+    except Exception:  # noqa: BLE001 - model code that cannot take q's mean as a point: no check
+        return None
     return Pending(check.names, definite, ratios)
 
 
@@ -150,6 +153,9 @@ def _check(plan: Any) -> Optional[_Check]:
         names = tuple(v for v, _, _ in entries)
         try:
             natural = jax.eval_shape(lambda: {v: q.example_natural() for v, q in plan.qs.items()})
+        except ValueError:  # a family without an example member (Beta): traced at the first check
+            return _Check(names, program, None)
+        try:
             lowered = program.lower(natural, dict(plan.arrays.params), model_data(plan))
         except Exception:  # noqa: BLE001 - model code that cannot take q's mean as a point: no check
             return _Check(names, None, None)

@@ -25,6 +25,7 @@ import jax
 
 from blrppl.compile_mode import probe
 from blrppl.graph import tape
+from blrppl.graph.data import DATA_ERRORS
 from blrppl.estimators.base import FactorEstimator, Method, factor_log_density, owner, var_info
 from blrppl.estimators.cubature import MAX_CUBATURE_DIM
 from blrppl.estimators.nonconjugate import expectation_over, refuse_minibatch, separable_blocks
@@ -80,9 +81,12 @@ def hybrid_estimator(
 
     example_values = {**{v: examples[v] for v in conjugate}, **held, **{p: param_examples[p] for p in points}}
     try:
-        terms = analyse(symbolic, example_values, infos, data=tape.data_inputs(graph.data.arrays))
+        terms = analyse(
+            symbolic, example_values, infos, data=tape.data_inputs(graph.data.arrays), held=frozenset(uncertain)
+        )
     except Unsupported as error:
         raise NonConjugate(uncertain[0], str(error)) from None
+    left_out = _left_out(graph, qs, conjugate, uncertain, points, example_values, symbolic) if terms.residual else None
     needed = {p: stats_needed(terms.terms, p) for p in points + uncertain}
     if method == "auto":
         method = _auto(qs, uncertain)
@@ -98,7 +102,10 @@ def hybrid_estimator(
         def conditional(layout):
             def log_f(values):
                 held = {u: point_stats(_constrain(qs[u], values[u]), needed[u]) for u in uncertain}
-                return expected_value(analysis, {**layout, **point_layout, **held}, None)
+                value = expected_value(analysis, {**layout, **point_layout, **held}, None)
+                if left_out is not None:  # the normaliser of the held values (Analysis.residual)
+                    value = value + left_out(analysis, values, params, point_layout, held, arrays)
+                return value
 
             return expectation(rng_key, mean, log_f)
 
@@ -107,6 +114,32 @@ def hybrid_estimator(
         return value, {**uncertain_grads, **{v: qs[v].from_value_layout(grads[v]) for v in conjugate}}
 
     return FactorEstimator(factor, tuple(node.neighbours), Method(conjugate, uncertain, method), estimate, terms, terms)
+
+
+def _left_out(graph, qs, conjugate, uncertain, points, example_values, symbolic) -> Callable:
+    """``(analysis, values, params, point_layout, held, arrays) -> h(u)``: the part of log f that
+    the analysis left out (a normaliser of the held values U alone, such as log B(a, b) of
+    ``p ~ Beta(a, b)``), as log f(c0, u) - F(T(c0), u) at a fixed point c0 of the conjugate
+    neighbours (the analysis's example): log f = F(T(c), u) + h(u) with F the analysis, affine
+    in T(c), so h does not depend on c0. Differentiable in u (its site parameters), not in c."""
+    anchor = {v: example_values[v] for v in conjugate}
+    anchor_layout = {
+        v: qs[v].to_value_layout(qs[v].family.sufficient_stats(qs[v].value_to_family(jax.numpy.asarray(anchor[v]))))
+        for v in conjugate
+    }
+    shapes = tuple(jax.ShapeDtypeStruct(jax.numpy.shape(a), a.dtype) for a in graph.data.arrays)
+    try:  # the data as an argument, as the analysis took them (a refit's new data)
+        jax.eval_shape(lambda data: symbolic(example_values, data), shapes)
+        closed = False
+    except DATA_ERRORS:  # the model needs concrete data: the traced data, as the analysis read them
+        closed = True
+
+    def left_out(analysis, values, params, point_layout, held, arrays):
+        point = {**anchor, **{u: _constrain(qs[u], values[u]) for u in uncertain}, **{p: params[p] for p in points}}
+        whole = sum(jax.numpy.sum(x) for x in jax.tree.leaves(symbolic(point, None if closed else arrays.data)))
+        return whole - expected_value(analysis, {**anchor_layout, **point_layout, **held}, None)
+
+    return left_out
 
 
 def _constrain(q: Any, value: Any, run: Callable = lambda f: f) -> Any:

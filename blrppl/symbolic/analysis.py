@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Mapping
 
 import jax
@@ -11,7 +12,7 @@ from blrppl.graph import tape
 from blrppl.graph.data import DATA_ERRORS
 from blrppl.symbolic import algebra
 from blrppl.symbolic.compiled import Analysis
-from blrppl.symbolic.interpret import Interpreter
+from blrppl.symbolic.interpret import Held, Interpreter
 from blrppl.symbolic.resolve import resolve
 from blrppl.symbolic.stacking import stack_terms
 from blrppl.symbolic.statistics import BERNOULLI, CATEGORICAL, VarInfo, is_index_kind
@@ -24,6 +25,7 @@ def analyse(
     example_values: Mapping[str, jax.Array],
     infos: Mapping[str, VarInfo],
     data: tuple | None = None,
+    held: frozenset = frozenset(),
 ) -> Analysis:
     """Compile ``E_q[log_factor(values)]`` into statistic terms.
 
@@ -40,6 +42,9 @@ def analyse(
         (:class:`~blrppl.graph.tape.Dual` values of a recording), passed to
         ``log_factor(values, data)``; None: ``log_factor(values)`` closes
         over its data (constants of the jaxpr).
+      held: variables held at a point by the caller (their info POINT), whose canonical
+        normalisers may be left out of the terms (the result's ``residual`` then says so;
+        :class:`~blrppl.symbolic.interpret.Held`): the caller adds them back.
 
     Returns:
       The :class:`~blrppl.symbolic.compiled.Analysis`, a pytree;
@@ -76,8 +81,12 @@ def analyse(
             args.append(categorical_variable(name, shape, space))
         else:
             args.append(variable(name, shape, space))
-    interpreter = Interpreter(space, categorical)
-    outs = [_as_poly(out, space) for out in interpreter.run(closed, args + list(data or ()))]
+    interpreter = Interpreter(space, categorical, held)
+    outs = []
+    for out in interpreter.run(closed, args + list(data or ())):
+        if isinstance(out, Held):  # log f of held values alone: all of it added back by the caller
+            interpreter.left_out, out = True, np.zeros(out.shape)
+        outs.append(_as_poly(out, space))
     joined = len(outs) > 1
     # Several outputs (the sites of a joined loop factor) are summed. Each one's
     # enumeration selectors go into its own terms first: a read of z_3 in one site's
@@ -105,7 +114,8 @@ def analyse(
         ):
             raise NonConjugate(name, f"the categorical {name!r} is used as a number, not as an index")
     analysis = resolve(out, infos, space)
-    return stack_terms(analysis, space) if joined else analysis
+    analysis = stack_terms(analysis, space) if joined else analysis
+    return dataclasses.replace(analysis, residual=True) if interpreter.left_out else analysis
 
 
 def _as_poly(out, space: Labels) -> Poly:

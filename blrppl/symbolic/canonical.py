@@ -19,6 +19,7 @@ import inspect
 import math
 from typing import Any, Callable
 
+import jax
 import jax.numpy as jnp
 from jax.scipy.special import gammaln, multigammaln
 
@@ -61,10 +62,31 @@ def _mvn(x, loc=0.0, covariance_matrix=None, precision_matrix=None, scale_tril=N
     return -0.5 * d * _LOG_2PI + 0.5 * logdet(precision_matrix) - 0.5 * quad
 
 
+def blrppl_normalizer_gamma(concentration: Any) -> Any:
+    """log Γ(a), a Gamma family's normaliser in its shape (a named call: a held a leaves it out,
+    :class:`~blrppl.symbolic.interpret.Held`)."""
+    return gammaln(concentration)
+
+
+def blrppl_normalizer_beta(concentration1: Any, concentration0: Any) -> Any:
+    """log B(a, b), the Beta normaliser (a named call, as :func:`blrppl_normalizer_gamma`)."""
+    return gammaln(concentration1) + gammaln(concentration0) - gammaln(concentration1 + concentration0)
+
+
+def blrppl_normalizer_dirichlet(concentration: Any) -> Any:
+    """log B(α), the Dirichlet normaliser (a named call, as :func:`blrppl_normalizer_gamma`)."""
+    return jnp.sum(gammaln(concentration), -1) - gammaln(jnp.sum(concentration, -1))
+
+
+_log_gamma_of_shape = jax.jit(blrppl_normalizer_gamma)
+_log_beta = jax.jit(blrppl_normalizer_beta)
+_log_multivariate_beta = jax.jit(blrppl_normalizer_dirichlet)
+
+
 def _gamma(x, concentration, rate=1.0):
     return (
         concentration * jnp.log(rate)
-        - gammaln(concentration)
+        - _log_gamma_of_shape(concentration)
         + (concentration - 1.0) * jnp.log(x)
         - rate * x
     )
@@ -99,20 +121,19 @@ def _geometric_probs(x, probs):
 def _inverse_gamma(x, concentration, rate=1.0):
     return (
         concentration * jnp.log(rate)
-        - gammaln(concentration)
+        - _log_gamma_of_shape(concentration)
         - (concentration + 1.0) * jnp.log(x)
         - rate / x
     )
 
 
 def _beta(x, concentration1, concentration0):
-    log_beta = gammaln(concentration1) + gammaln(concentration0) - gammaln(concentration1 + concentration0)
+    log_beta = _log_beta(concentration1, concentration0)
     return (concentration1 - 1.0) * jnp.log(x) + (concentration0 - 1.0) * jnp.log1p(-x) - log_beta
 
 
 def _dirichlet(x, concentration):
-    norm = gammaln(jnp.sum(concentration, -1)) - jnp.sum(gammaln(concentration), -1)
-    return norm + jnp.sum((concentration - 1.0) * jnp.log(x), -1)
+    return jnp.sum((concentration - 1.0) * jnp.log(x), -1) - _log_multivariate_beta(concentration)
 
 
 def _poisson(x, rate, is_sparse=False):

@@ -78,16 +78,22 @@ class Analysis:
 
     ``obs_label``/``obs_size``: for a per-observation analysis (a factor in a
     subsampled plate), the kept observation label and the plate's full size;
-    otherwise None and 0. A pytree: the terms' leaves are its leaves.
+    otherwise None and 0. ``residual``: a part of log f that depends only on
+    variables held at a point (a normaliser such as log B(a, b) of a Beta
+    prior whose a and b are held) was left out of the terms; the estimator
+    that held them adds it back numerically
+    (:func:`blrppl.estimators.hybrid.hybrid_estimator`). A pytree: the terms'
+    leaves are its leaves.
     """
 
     terms: tuple[StatTerm, ...]
     obs_label: Optional[int] = None
     obs_size: int = 0
+    residual: bool = False
 
 
 jax.tree_util.register_dataclass(StatTerm, data_fields=["coeff", "operand"], meta_fields=["reads", "obs_label"])
-jax.tree_util.register_dataclass(Analysis, data_fields=["terms"], meta_fields=["obs_label", "obs_size"])
+jax.tree_util.register_dataclass(Analysis, data_fields=["terms"], meta_fields=["obs_label", "obs_size", "residual"])
 
 
 def stats_needed(terms: Iterable[StatTerm], var: str) -> set[str]:

@@ -21,7 +21,7 @@ where each output element comes from.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -43,10 +43,19 @@ from blrppl.symbolic import algebra, categorical, rules
 from blrppl.symbolic.host import host_bind, on_positions
 from blrppl.symbolic.scan import interpret_scan
 from blrppl.symbolic.terms import Labels, NonConjugate
-from blrppl.symbolic.values import as_poly, first_var, int_params, is_key, is_symbolic
+from blrppl.symbolic.values import Poisoned, as_poly, first_var, int_params, is_key, is_symbolic
 
 LOGDET_NAME = "blrppl_logdet"
 SUPPORT_NAME = "blrppl_support_bound"
+NORMALIZER_PREFIX = "blrppl_normalizer"
+
+
+class Held(NamedTuple):
+    """A value that depends only on variables held at a point (``Interpreter(held=...)``), left
+    uncomputed: an additive part of log f that its estimator adds back numerically (see
+    :class:`~blrppl.symbolic.compiled.Analysis`'s ``residual``)."""
+
+    shape: tuple
 
 _RULES = {**rules.RULES, **categorical.RULES}
 
@@ -68,11 +77,19 @@ class Interpreter:
       space: the label space shared with the expectation step.
       categorical: categorical variable name -> (value shape, number of
         categories).
+      held: variables held at a point whose own functions may be left out: a canonical
+        normaliser (a named call ``blrppl_normalizer...``) of these alone is a :class:`Held`
+        value, which may only be added to the rest (``left_out`` is then True) or combined
+        with constants and other values of held variables; elsewhere it is non-conjugate.
     """
 
-    def __init__(self, space: Labels, categorical: Mapping[str, tuple[tuple[int, ...], int]]):
+    def __init__(
+        self, space: Labels, categorical: Mapping[str, tuple[tuple[int, ...], int]], held: frozenset = frozenset()
+    ):
         self.space = space
         self.categorical = dict(categorical)
+        self.held = frozenset(held)
+        self.left_out = False
 
     def run(self, closed_jaxpr: Any, args: Sequence[Any]) -> list[Any]:
         """The outputs of ``closed_jaxpr`` for input values ``args`` (constants or Polys)."""
@@ -90,6 +107,10 @@ class Interpreter:
 
     def _apply(self, eqn: Any, invals: list, used: list[bool]) -> list:
         prim = eqn.primitive
+        if any(isinstance(v, Held) for v in invals):
+            if is_call(prim.name) and call_body(eqn) is not None:
+                return self._call(eqn, invals)
+            return self._held(eqn, invals)
         if not any(is_symbolic(v) for v in invals):
             same = _identity(eqn, invals)
             if same is not None:
@@ -112,8 +133,37 @@ class Interpreter:
             return [self.structural(eqn, invals)]
         raise unsupported(name, next((first_var(v) for v in invals if is_symbolic(v)), None))
 
+    def _only_held(self, invals: list) -> bool:
+        """Whether every symbolic input reads held variables alone."""
+        return all(
+            isinstance(v, Held) or not is_symbolic(v) or (self.held and _variables(v) <= self.held) for v in invals
+        )
+
+    def _held(self, eqn: Any, invals: list) -> list:
+        """An equation with a :class:`Held` input: a sum leaves it out; a function of held values
+        alone is held; anything else would need its value."""
+        name = eqn.primitive.name
+        shapes = [tuple(v.aval.shape) for v in eqn.outvars]
+        if name in ("add", "add_any", "sub"):
+            a, b = invals
+            if isinstance(a, Held) and isinstance(b, Held):
+                return [Held(shapes[0])]
+            self.left_out = True
+            if isinstance(b, Held):
+                return [a]
+            if name != "sub":
+                return [b]
+            return [rules.RULES["neg"](self, eqn, b) if is_symbolic(b) else -np.asarray(b)]
+        if self._only_held(invals):
+            return [Held(shape) for shape in shapes]
+        var = next((first_var(v) for v in invals if is_symbolic(v) and not isinstance(v, Held)), None)
+        raise NonConjugate(var, f"a normaliser of held values meets {var!r} in {name!r}")
+
     def _call(self, eqn: Any, invals: list) -> list:
         name = param(eqn, "name", default=None)
+        if name and name.startswith(NORMALIZER_PREFIX) and any(is_symbolic(v) for v in invals):
+            if self._only_held(invals):
+                return [Held(tuple(v.aval.shape)) for v in eqn.outvars]
         if name == LOGDET_NAME:
             return [algebra.logdet(as_poly(invals[0], self.space))]
         if name == SUPPORT_NAME:
@@ -159,6 +209,13 @@ class Interpreter:
         if result is None:
             return np.zeros(out_shape)
         return categorical.merge_categorical(result, self.space)
+
+
+def _variables(value: Any) -> frozenset:
+    """The variables a symbolic value reads."""
+    if isinstance(value, Poisoned):
+        return frozenset((value.var,))
+    return frozenset(value.variables)
 
 
 def _identity(eqn: Any, invals: list) -> Any:
