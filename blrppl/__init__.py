@@ -21,9 +21,10 @@ from blrppl.results import BLRResult
 from blrppl.saving import load
 from blrppl import sharding
 from blrppl.sharding import shard
-from blrppl.compilation_cache import enable_compilation_cache, enable_from_environment
+from blrppl.compilation_cache import enable_compilation_cache, enable_from_environment, stable_distribution_pytrees
 from blrppl.compile_mode import set_compile_mode
 
+stable_distribution_pytrees()
 enable_from_environment()
 
 __version__ = "0.1.0"

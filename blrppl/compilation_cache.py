@@ -42,6 +42,30 @@ def enable_compilation_cache(path: Optional[Union[str, os.PathLike]] = None, min
     return directory
 
 
+def stable_distribution_pytrees() -> None:
+    """Flatten numpyro distributions in one order in every process (their fields sorted by name).
+
+    numpyro 0.22 gathers a distribution's pytree fields in a ``set``, whose order follows
+    Python's per-process string hashing: a program that takes a distribution as an argument
+    (the start's prior, a probe) then has its arguments in another order in another process,
+    and its cache key differs, so a second process compiled again about every other time.
+    Sorting the names fixes the order; flattening and unflattening both read it, so nothing
+    else changes. Idempotent (imported with blrppl).
+    """
+    from numpyro.distributions.distribution import Distribution
+
+    for name in ("gather_pytree_data_fields", "gather_pytree_aux_fields"):
+        gather = getattr(Distribution, name).__func__
+        if getattr(gather, "_blrppl_sorted", False):
+            continue
+
+        def ordered(cls, _gather=gather):
+            return tuple(sorted(_gather(cls)))
+
+        ordered._blrppl_sorted = True
+        setattr(Distribution, name, classmethod(ordered))
+
+
 def enable_from_environment() -> Optional[Path]:
     """Turn the cache on when ``BLRPPL_COMPILATION_CACHE`` names a directory (import time)."""
     if os.environ.get(ENVIRONMENT_VARIABLE):
