@@ -44,7 +44,7 @@ from blrppl.draws import compiled_for, model_data
 MAX_DIM = 256
 """The most Gaussian scalars whose joint curvature a fit checks (a D x D Hessian: D passes)."""
 
-MAX_WORK = 5e7
+MAX_WORK = 1e7
 """The most D x (elements of the model's data) a check takes: D passes over the data each."""
 
 UNDERSTATED_SD = 1.5
