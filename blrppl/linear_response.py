@@ -224,8 +224,9 @@ def understated_spread_flag(found: Optional[SpreadLeftOut]) -> tuple[str, ...]:
         "puts their standard deviation about that many times higher once the correlation between q "
         "blocks that mean-field leaves out is kept (a Gaussian reading of the curvature: for scales "
         "of random effects it can overstate the factor; the means are usually fine); fit the coupled "
-        "latents in one full Gaussian (NonConjugateVI(model, blocks='all'), or blocks=[(...)] naming "
-        "them) for their spread",
+        "latents in one full Gaussian for their spread: NonConjugateVI(model, blocks='all') "
+        "(python -m blrppl fit refits so by itself; blrppl.choosing.jointly gives that engine and "
+        "plan)",
     )
 
 
