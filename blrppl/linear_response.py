@@ -34,7 +34,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
+from numpyro.distributions import constraints
 from numpyro.distributions.distribution import validation_enabled
+from numpyro.distributions.transforms import biject_to
 
 from blrppl.blr.ahead import CompiledInBackground
 from blrppl.compile_mode import jit_for
@@ -68,11 +70,29 @@ class SpreadLeftOut(NamedTuple):
     definite: bool
 
 
+#: Supports of non-Gaussian q whose curvature a check reads on an unconstrained space
+#: (numpyro's bijection: log, logit, stick-breaking), as a Gaussian q on that space would be.
+_UNCONSTRAINED = (constraints.positive, constraints.unit_interval, constraints.simplex)
+
+
+class _Entry(NamedTuple):
+    """One variable a check covers: ``size`` unconstrained scalars in blocks of ``block``;
+    ``bijection``: from its unconstrained space to q's (None: q is Gaussian there already)."""
+
+    name: str
+    size: int
+    block: int
+    bijection: Any = None
+
+
 def _blocks(plan: Any) -> Optional[list]:
-    """``[(variable, size, block_size)]`` of the Gaussian q's a check covers, or None where it does
-    not apply: discrete or chain q, minibatches, missing data integrated out, data the model needs
-    as values, too many scalars (or passes over too much data), or no factor on two Gaussian variables (a factor that couples the
-    elements of one plated variable alone, a random walk written with a plate, is not checked)."""
+    """The :class:`_Entry` of each continuous q a check covers, or None where it does not apply:
+    discrete or chain q, minibatches, missing data integrated out, data the model needs as values,
+    too many scalars (or passes over too much data), or no factor on two covered variables (a
+    factor that couples the elements of one plated variable alone, a random walk written with a
+    plate, is not checked). Gaussian q are read on their own space; Gamma, Beta and Dirichlet q on
+    their support's unconstrained one (where mean-field drops the correlation of a Gamma-Poisson's
+    shape and rate, say); others (Wishart) are held at their mean."""
     if plan.subsample is not None or plan.imputed or plan.orphans or plan.data_static:
         return None
     entries = []
@@ -82,19 +102,25 @@ def _blocks(plan: Any) -> Optional[list]:
             return None
         if family.gaussian:
             block = math.prod(q.block_shape) if family.event_ndim == 1 else 1
-            entries.append((v, math.prod(q.shape), block))
-    dim = sum(size for _, size, _ in entries)
+            entries.append(_Entry(v, math.prod(q.shape), block))
+        elif any(family.support is support for support in _UNCONSTRAINED) and not q.joint:
+            block = q.shape[-1] - 1 if family.support is constraints.simplex else 1
+            if block < 1:
+                continue
+            size = math.prod(q.shape) // (q.shape[-1] if family.support is constraints.simplex else 1) * block
+            entries.append(_Entry(v, size, block, biject_to(family.support)))
+    dim = sum(e.size for e in entries)
     if not entries or dim > MAX_DIM or dim * sum(np.size(a) for a in plan.arrays.data) > MAX_WORK:
         return None
-    gaussian = {v for v, _, _ in entries}
-    coupled = any(len(gaussian.intersection(est.neighbours)) >= 2 for est in plan.estimators)
+    covered = {e.name for e in entries}
+    coupled = any(len(covered.intersection(est.neighbours)) >= 2 for est in plan.estimators)
     return entries if coupled else None
 
 
 def checked_sites(plan: Any) -> tuple[str, ...]:
     """The Gaussian latents a check of ``plan`` reads (empty where it does not apply)."""
     entries = _blocks(plan)
-    return () if entries is None else tuple(v for v, _, _ in entries)
+    return () if entries is None else tuple(e.name for e in entries if e.bijection is None)
 
 
 class Pending(NamedTuple):
@@ -150,7 +176,7 @@ def _check(plan: Any) -> Optional[_Check]:
 
     def build() -> _Check:
         program = jit_for(plan.arrays, _program(plan, entries), one_shot=True)
-        names = tuple(v for v, _, _ in entries)
+        names = tuple(e.name for e in entries)
         try:
             natural = jax.eval_shape(lambda: {v: q.example_natural() for v, q in plan.qs.items()})
         except ValueError:  # a family without an example member (Beta): traced at the first check
@@ -172,22 +198,28 @@ def spread_left_out(plan: Any, natural: dict, params: dict) -> Optional[SpreadLe
 
 
 def _program(plan: Any, entries: list):
-    """``(natural, params, data) -> (definite, ratios)``: -∇² log p over the flat Gaussian blocks at
-    q's mean (every other q at its mean, a point in its family's layout), its Cholesky factor, and
-    per variable the largest ratio of marginal to block-conditional sd."""
-    names = [v for v, _, _ in entries]
+    """``(natural, params, data) -> (definite, ratios)``: -∇² log p over the covered variables'
+    flat unconstrained values at q's mean (every other q at its mean, a point in its family's
+    layout; the bijections' log-Jacobians included), its Cholesky factor, and per variable the
+    largest ratio of marginal to block-conditional sd."""
 
     def program(natural: dict, params: dict, data: Any) -> tuple:
         with validation_enabled(False):  # numpyro's checks evaluate eagerly, compiling op by op
             point = {v: q.family.to_numpyro(natural[v]).mean for v, q in plan.qs.items()}
-        flat = jnp.concatenate([jnp.ravel(point[v]) for v in names])
+        start = {e.name: point[e.name] if e.bijection is None else e.bijection.inv(point[e.name]) for e in entries}
+        flat = jnp.concatenate([jnp.ravel(start[e.name]) for e in entries])
 
         def log_joint(u: jax.Array) -> jax.Array:
-            moved, start = dict(point), 0
-            for v, size, _ in entries:
-                moved[v] = jnp.reshape(u[start : start + size], jnp.shape(point[v]))
-                start += size
-            return log_joint_in_q_space(plan, moved, params, data, with_magnitude=False)[0]
+            moved, offset, log_det = dict(point), 0, 0.0
+            for e in entries:
+                value = jnp.reshape(u[offset : offset + e.size], jnp.shape(start[e.name]))
+                if e.bijection is not None:
+                    x = e.bijection(value)
+                    log_det = log_det + jnp.sum(e.bijection.log_abs_det_jacobian(value, x))
+                    value = x
+                moved[e.name] = value
+                offset += e.size
+            return log_joint_in_q_space(plan, moved, params, data, with_magnitude=False)[0] + log_det
 
         hessian = jax.hessian(log_joint)(flat)
         precision = -0.5 * (hessian + hessian.T)
@@ -195,14 +227,14 @@ def _program(plan: Any, entries: list):
         definite = jnp.all(jnp.isfinite(chol))
         whitened = solve_triangular(chol, jnp.eye(flat.shape[0], dtype=flat.dtype), lower=True)
         joint = jnp.sum(whitened**2, axis=0)  # diag(P⁻¹)
-        ratios, start = [], 0
-        for _, size, block in entries:
-            index = start + np.arange(size).reshape(-1, block)
+        ratios, offset = [], 0
+        for e in entries:
+            index = offset + np.arange(e.size).reshape(-1, e.block)
             blocks = precision[index[:, :, None], index[:, None, :]]  # (size / block, block, block)
             conditional = jnp.ravel(jnp.diagonal(jnp.linalg.inv(blocks), axis1=-2, axis2=-1))
-            ratio = jnp.sqrt(jnp.maximum(joint[start : start + size] / conditional, 1.0))
+            ratio = jnp.sqrt(jnp.maximum(joint[offset : offset + e.size] / conditional, 1.0))
             ratios.append(jnp.max(ratio))
-            start += size
+            offset += e.size
         return definite, jnp.stack(ratios)
 
     return program
