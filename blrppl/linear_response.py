@@ -39,6 +39,7 @@ from numpyro.distributions.distribution import validation_enabled
 from numpyro.distributions.transforms import biject_to
 
 from blrppl.blr.ahead import CompiledInBackground
+from blrppl.blr.starts import prior_member
 from blrppl.compile_mode import jit_for
 from blrppl.diagnostics import log_joint_in_q_space
 from blrppl.draws import compiled_for, model_data
@@ -177,9 +178,8 @@ def _check(plan: Any) -> Optional[_Check]:
     def build() -> _Check:
         program = jit_for(plan.arrays, _program(plan, entries), one_shot=True)
         names = tuple(e.name for e in entries)
-        try:
-            natural = jax.eval_shape(lambda: {v: q.example_natural() for v, q in plan.qs.items()})
-        except ValueError:  # a family without an example member (Beta): traced at the first check
+        natural = _natural_shapes(plan)
+        if natural is None:  # no member to read its shapes from: traced at the first check
             return _Check(names, program, None)
         try:
             lowered = program.lower(natural, dict(plan.arrays.params), model_data(plan))
@@ -195,6 +195,24 @@ def spread_left_out(plan: Any, natural: dict, params: dict) -> Optional[SpreadLe
     check does not apply (see :func:`_blocks`)."""
     pending = dispatch(plan, natural, params)
     return None if pending is None else pending.read()
+
+
+def _natural_shapes(plan: Any) -> Optional[dict]:
+    """The shapes and dtypes of the fit's λ, from each family's example member or from the
+    variable's prior in q's family (abstractly: nothing runs), or None where neither gives them."""
+    shapes = {}
+    for v, q in plan.qs.items():
+        node = plan.graph.variables.get(v)
+        try:
+            shapes[v] = jax.eval_shape(q.example_natural)
+        except ValueError:  # a family without an example member (Gamma, Beta)
+            if node is None or node.prior is None:
+                return None
+            try:
+                shapes[v] = jax.eval_shape(lambda prior, q=q: prior_member(q, prior), node.prior)
+            except Exception:  # noqa: BLE001 - a prior its family reads by value (Uniform(0, 1))
+                return None
+    return shapes
 
 
 def _program(plan: Any, entries: list):

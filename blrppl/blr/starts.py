@@ -148,6 +148,13 @@ def user_start(q: Any, natural: Any, start: Any) -> Any:
     return q.family.start_at(natural, value)
 
 
+def prior_member(q: Any, prior: Any) -> Any:
+    """The natural parameters of ``prior`` in q's family, broadcast to q's batch shape."""
+    natural = q.family.from_numpyro(prior)
+    num_batch = len(q.family.batch_shape(natural))
+    return jax.tree.map(lambda a: jnp.broadcast_to(a, q.batch_shape + jnp.shape(a)[num_batch:]), natural)
+
+
 def _from_prior(q: Any, node: Any) -> Any:
     """A valid member of the variable's family with the right shapes, from its prior.
 
@@ -157,9 +164,7 @@ def _from_prior(q: Any, node: Any) -> Any:
     """
 
     def placeholder(prior: Any) -> Any:
-        natural = q.family.from_numpyro(prior)
-        num_batch = len(q.family.batch_shape(natural))
-        return jax.tree.map(lambda a: jnp.broadcast_to(a, q.batch_shape + jnp.shape(a)[num_batch:]), natural)
+        return prior_member(q, prior)
 
     try:
         return probe(placeholder)(node.prior)
