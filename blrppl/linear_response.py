@@ -91,7 +91,9 @@ def _blocks(plan: Any) -> Optional[list]:
     discrete or chain q, minibatches, missing data integrated out, data the model needs as values,
     too many scalars (or passes over too much data), or no factor on two covered variables (a
     factor that couples the elements of one plated variable alone, a random walk written with a
-    plate, is not checked). Gaussian q are read on their own space; Gamma, Beta and Dirichlet q on
+    plate, is not checked; nor is an exact factor on one Gaussian variable and others, such as a
+    Normal likelihood of a mean and a Gamma precision, whose posterior correlation vanishes at the
+    mean). Gaussian q are read on their own space; Gamma, Beta and Dirichlet q on
     their support's unconstrained one (where mean-field drops the correlation of a Gamma-Poisson's
     shape and rate, say); others (Wishart) are held at their mean."""
     if plan.subsample is not None or plan.imputed or plan.orphans or plan.data_static:
@@ -114,7 +116,12 @@ def _blocks(plan: Any) -> Optional[list]:
     if not entries or dim > MAX_DIM or dim * sum(np.size(a) for a in plan.arrays.data) > MAX_WORK:
         return None
     covered = {e.name for e in entries}
-    coupled = any(len(covered.intersection(est.neighbours)) >= 2 for est in plan.estimators)
+    gaussian = {e.name for e in entries if e.bijection is None}
+    coupled = any(
+        len(covered.intersection(est.neighbours)) >= 2
+        and (est.method.estimated or len(gaussian.intersection(est.neighbours)) >= 2)
+        for est in plan.estimators
+    )
     return entries if coupled else None
 
 

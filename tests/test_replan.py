@@ -221,7 +221,7 @@ def test_a_batch_is_replanned_in_one_call_and_equals_single_fits(rng_key):
     engine = blrppl.VMP(model)
     batch = engine.run_batched(rng_key, 100, *args, tol=1e-10, y=ys)
     # Data set 0 is planned on the host (and its checks traced once more, vmapped), and the
-    # linear-response check's program (blrppl.linear_response) traces the model once, for
+    # linear-response check's program (blrppl.linear_response), where it applies, traces the model once for
     # every data set of the signature; the others are not traced.
     assert calls["n"] <= one_plan + 2, "every data set was traced"
     for i in (1, 3):
