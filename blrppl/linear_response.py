@@ -27,6 +27,7 @@ names the sites and the remedy (a joint Gaussian block).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple, Optional
 
@@ -40,7 +41,8 @@ from numpyro.distributions.transforms import biject_to
 
 from blrppl.blr.ahead import CompiledInBackground
 from blrppl.blr.starts import prior_member
-from blrppl.compile_mode import jit_for
+from blrppl import sparse_hessian
+from blrppl.compile_mode import jit_for, to_device
 from blrppl.diagnostics import log_joint_in_q_space
 from blrppl.draws import compiled_for, model_data
 
@@ -132,15 +134,29 @@ def checked_sites(plan: Any) -> tuple[str, ...]:
 
 
 class Pending(NamedTuple):
-    """A dispatched check (:func:`dispatch`): read it with :meth:`read`."""
+    """A dispatched check (:func:`dispatch`): read it with :meth:`read`.
 
-    names: tuple
+    ``agrees``: whether a Hessian rebuilt from few products passed its probe (else :meth:`read`
+    runs the full reading); ``pattern``: ``(finite, entries that the code can make nonzero)``,
+    where the check is learning them (else None).
+    """
+
+    check: Any
+    args: tuple
     definite: jax.Array
     ratios: jax.Array
+    agrees: jax.Array
+    pattern: Any = None
 
     def read(self) -> SpreadLeftOut:
-        definite, ratios = jax.device_get((self.definite, self.ratios))
-        return SpreadLeftOut(dict(zip(self.names, np.asarray(ratios).tolist())), bool(definite))
+        definite, ratios, agrees = jax.device_get((self.definite, self.ratios, self.agrees))
+        if not bool(agrees):  # a nonzero the learnt pattern did not have
+            return self.check.missed(self.args).read()
+        if self.pattern is not None:
+            finite, pattern = jax.device_get(self.pattern)
+            if finite:  # (a Hessian that is not finite shows no pattern: learnt at a later fit)
+                self.check.learn(np.asarray(pattern))
+        return SpreadLeftOut(dict(zip(self.check.names, np.asarray(ratios).tolist())), bool(definite))
 
 
 def prepare(plan: Any) -> None:
@@ -154,45 +170,136 @@ def dispatch(plan: Any, natural: dict, params: dict) -> Optional[Pending]:
     does not apply (see :func:`_blocks`). One compiled program per plan signature; dispatched
     before the host's other checks of the fit, it runs while they do."""
     check = _check(plan)
-    if check is None or check.program is None:
+    if check is None:
         return None
     try:
-        definite, ratios = check(natural, dict(params), model_data(plan))
+        return check((natural, dict(params), model_data(plan)))
     except Exception:  # noqa: BLE001 - model code that cannot take q's mean as a point: no check
         return None
-    return Pending(check.names, definite, ratios)
 
 
-class _Check(NamedTuple):
-    names: tuple
-    program: Any
-    ahead: Any  # the program compiled in a thread for the plan's argument types (or None)
+SPARSE_WORTH = 0.5
+"""A learnt pattern is used where its products are at most this fraction of the full Hessian's passes."""
 
-    def __call__(self, *args: Any) -> tuple:
-        if self.ahead is not None:
+MAX_RELEARNED = 2
+"""Patterns learnt again after a probe disagreed, before a check keeps to the full reading."""
+
+
+class Reading(NamedTuple):
+    """How the check's program reads the Hessian: arguments, so that one compiled program reads it
+    in full (a first fit, where it also learns its pattern) and from a few products (refits).
+
+    The program pushes the first ``count`` columns of ``seeds`` (D x (2D + 1)) through Hessian-vector
+    products into a buffer of 2D + 2 columns (the last stays 0) and reads entry (i, j) of the
+    Hessian at ``(source_rows, source_cols)[i, j]`` of it where ``listed``; column ``probe_at`` of
+    ``seeds`` is :func:`~blrppl.sparse_hessian.probe`'s direction, whose product checks the
+    rebuilt Hessian. In full, the columns are the identity, the probe, and (where learning) the
+    identity's NaN tangents (:func:`~blrppl.sparse_hessian.reach`).
+    """
+
+    seeds: Any
+    count: Any
+    source_rows: Any
+    source_cols: Any
+    listed: Any
+    probe_at: Any
+
+    @staticmethod
+    @functools.lru_cache(maxsize=16)
+    def full(dim: int, dtype: Any, learn: bool) -> "Reading":
+        """The full reading (on the device, made once per size, dtype and ``learn``)."""
+        eye = np.eye(dim, dtype=dtype)
+        seeds = np.concatenate([eye, sparse_hessian.probe(dim, dtype)[:, None], np.where(eye, np.nan, 0).astype(dtype)], axis=1)
+        rows, cols = np.indices((dim, dim))
+        count = 2 * dim + 1 if learn else dim + 1
+        return Reading(seeds, np.int32(count), rows, cols, np.ones((dim, dim), bool), np.int32(dim))._on_device()
+
+    @staticmethod
+    def compressed(compression: sparse_hessian.Compression, dtype: Any) -> "Reading":
+        dim, products = compression.seeds.shape
+        seeds = np.zeros((dim, 2 * dim + 1), dtype)
+        seeds[:, :products] = compression.seeds
+        seeds[:, products] = sparse_hessian.probe(dim, dtype)
+        return Reading(
+            seeds, np.int32(products + 1), compression.source_rows, compression.source_cols, compression.listed,
+            np.int32(products),
+        )._on_device()
+
+    def _on_device(self) -> "Reading":
+        return Reading(*(to_device(np.asarray(a)) for a in self))
+
+
+class _Check:
+    """The check's program for one plan signature (:func:`_program`), and how it reads the Hessian.
+
+    A first fit reads it in full (D passes), and learns which entries the model's code can make
+    nonzero (D more). Where a few products would rebuild it (:mod:`blrppl.sparse_hessian`: a
+    hierarchical model's effects meet only their own rows and the hyperparameters'), later fits
+    (refits on new data) read it so, with the same compiled program: radon's 89 passes become 5.
+    A probe guards the pattern: where it disagrees (new data making a nonzero the first data did
+    not have: a pair of crossed effects seen together for the first time), the full reading
+    answers and the pattern is learnt again with that entry.
+    """
+
+    def __init__(self, plan: Any, entries: list):
+        self.names = tuple(e.name for e in entries)
+        self._program = jit_for(plan.arrays, _program(plan, entries), one_shot=True)
+        self._dim = sum(e.size for e in entries)
+        self._dtype = np.dtype(jnp.result_type(float))
+        self._pattern = None
+        self._sparse: Optional[Reading] = None
+        self._learnt = False  # a pattern was learnt (or is no use): only a miss learns again
+        self._relearned = 0
+        self._ahead = None
+        natural = _natural_shapes(plan)
+        if natural is not None:  # else traced at the first check, from its values
+            args = (natural, dict(plan.arrays.params), model_data(plan), Reading.full(self._dim, self._dtype, True))
+            self._ahead = CompiledInBackground(self._program.lower(*args))
+
+    def __call__(self, args: tuple) -> Pending:
+        if self._sparse is not None:
+            return self._run(args, self._sparse, learn=False)
+        return self._run(args, Reading.full(self._dim, self._dtype, not self._learnt), learn=not self._learnt)
+
+    def _run(self, args: tuple, reading: Reading, learn: bool) -> Pending:
+        outputs = None
+        if self._ahead is not None:
             try:
-                return self.ahead(*args)
+                outputs = self._ahead(*args, reading)
             except (TypeError, ValueError):  # other argument types than foreseen: the plain call
                 pass
-        return self.program(*args)
+        definite, ratios, agrees, pattern = self._program(*args, reading) if outputs is None else outputs
+        return Pending(self, args, definite, ratios, agrees, pattern if learn else None)
+
+    def missed(self, args: tuple) -> Pending:
+        """The full reading, where the rebuilt Hessian's probe disagreed: a nonzero the pattern did
+        not have, added to it (up to ``MAX_RELEARNED`` times; then the full reading stays)."""
+        self._sparse = None
+        self._relearned += 1
+        self._learnt = self._relearned > MAX_RELEARNED
+        return self._run(args, Reading.full(self._dim, self._dtype, not self._learnt), learn=not self._learnt)
+
+    def learn(self, pattern: np.ndarray) -> None:
+        """Read later Hessians from few products where ``pattern`` (with the entries learnt before)
+        allows at most ``SPARSE_WORTH`` of the full reading's passes."""
+        self._learnt = True
+        self._pattern = pattern if self._pattern is None else self._pattern | pattern
+        compression = sparse_hessian.compression(self._pattern)
+        if compression.num_products + 1 <= SPARSE_WORTH * self._dim:
+            self._sparse = Reading.compressed(compression, self._dtype)
 
 
 def _check(plan: Any) -> Optional[_Check]:
-    entries = _blocks(plan)
-    if entries is None:
-        return None
+    """The check of plans of ``plan``'s signature, or None where it does not apply (made once)."""
 
-    def build() -> _Check:
-        program = jit_for(plan.arrays, _program(plan, entries), one_shot=True)
-        names = tuple(e.name for e in entries)
-        natural = _natural_shapes(plan)
-        if natural is None:  # no member to read its shapes from: traced at the first check
-            return _Check(names, program, None)
+    def build() -> Optional[_Check]:
+        entries = _blocks(plan)
+        if entries is None:
+            return None
         try:
-            lowered = program.lower(natural, dict(plan.arrays.params), model_data(plan))
+            return _Check(plan, entries)
         except Exception:  # noqa: BLE001 - model code that cannot take q's mean as a point: no check
-            return _Check(names, None, None)
-        return _Check(names, program, CompiledInBackground(lowered))
+            return None
 
     return compiled_for(plan, ("linear_response",), build, by_signature=True)
 
@@ -223,21 +330,26 @@ def _natural_shapes(plan: Any) -> Optional[dict]:
 
 
 def _program(plan: Any, entries: list):
-    """``(natural, params, data) -> (definite, ratios)``: -∇² log p over the covered variables'
-    flat unconstrained values at q's mean (every other q at its mean, a point in its family's
-    layout; the bijections' log-Jacobians included), its Cholesky factor, and per variable the
-    largest ratio of marginal to block-conditional sd."""
+    """``(natural, params, data, reading) -> (definite, ratios, agrees, (finite, pattern))``: the
+    Hessian of log p over the covered variables' flat unconstrained values at q's mean (every other
+    q at its mean, a point in its family's layout; the bijections' log-Jacobians included), read as
+    ``reading`` says (:class:`Reading`: one Hessian-vector product per column pushed, in a loop
+    whose length is an argument), :func:`_ratios` of it, whether the probe agreed, and the entries
+    the code can make nonzero (meaningful where the reading learns them)."""
 
-    def program(natural: dict, params: dict, data: Any) -> tuple:
+    def point_of(natural: dict) -> dict:
         with validation_enabled(False):  # numpyro's checks evaluate eagerly, compiling op by op
-            point = {v: q.family.to_numpyro(natural[v]).mean for v, q in plan.qs.items()}
-        start = {e.name: point[e.name] if e.bijection is None else e.bijection.inv(point[e.name]) for e in entries}
-        flat = jnp.concatenate([jnp.ravel(start[e.name]) for e in entries])
+            return {v: q.family.to_numpyro(natural[v]).mean for v, q in plan.qs.items()}
+
+    def program(natural: dict, params: dict, data: Any, reading: Reading) -> tuple:
+        point = point_of(natural)
+        start = [point[e.name] if e.bijection is None else e.bijection.inv(point[e.name]) for e in entries]
+        u = jnp.concatenate([jnp.ravel(x) for x in start])
 
         def log_joint(u: jax.Array) -> jax.Array:
             moved, offset, log_det = dict(point), 0, 0.0
-            for e in entries:
-                value = jnp.reshape(u[offset : offset + e.size], jnp.shape(start[e.name]))
+            for e, x0 in zip(entries, start):
+                value = jnp.reshape(u[offset : offset + e.size], jnp.shape(x0))
                 if e.bijection is not None:
                     x = e.bijection(value)
                     log_det = log_det + jnp.sum(e.bijection.log_abs_det_jacobian(value, x))
@@ -246,23 +358,46 @@ def _program(plan: Any, entries: list):
                 offset += e.size
             return log_joint_in_q_space(plan, moved, params, data, with_magnitude=False)[0] + log_det
 
-        hessian = jax.hessian(log_joint)(flat)
-        precision = -0.5 * (hessian + hessian.T)
-        chol = jnp.linalg.cholesky(precision)  # NaN where not positive definite
-        definite = jnp.all(jnp.isfinite(chol))
-        whitened = solve_triangular(chol, jnp.eye(flat.shape[0], dtype=flat.dtype), lower=True)
-        joint = jnp.sum(whitened**2, axis=0)  # diag(P⁻¹)
-        ratios, offset = [], 0
-        for e in entries:
+        gradient = jax.grad(log_joint)
+        seeds = jnp.asarray(reading.seeds, u.dtype)
+
+        def push(k: jax.Array, buffer: jax.Array) -> jax.Array:
+            return buffer.at[:, k].set(jax.jvp(gradient, (u,), (seeds[:, k],))[1])
+
+        dim = u.shape[0]
+        buffer = jax.lax.fori_loop(0, reading.count, push, jnp.zeros((dim, 2 * dim + 2), u.dtype))
+        hessian = jnp.where(reading.listed, buffer[reading.source_rows, reading.source_cols], 0.0)
+        # Where a product is not finite, neither is the full Hessian: not definite either way.
+        # (Columns past ``count`` hold zeros; the full reading's NaN tangents come after the probe.)
+        finite = jnp.all(jnp.isfinite(buffer[:, : dim + 1]))
+        agrees = ~finite | sparse_hessian.agrees(hessian, seeds[:, reading.probe_at], buffer[:, reading.probe_at])
+        definite, ratios = _ratios(hessian, entries)
+        pattern = jnp.isnan(buffer[:, dim + 1 : 2 * dim + 1]) | (hessian != 0)
+        return definite & finite, ratios, agrees, (finite, pattern)
+
+    return program
+
+
+def _ratios(hessian: jax.Array, entries: list) -> tuple:
+    """``(definite, ratios)``: with P = -∇² log p, its Cholesky factor (NaN where not positive
+    definite) and per variable the largest ratio of marginal to block-conditional sd."""
+    precision = -0.5 * (hessian + hessian.T)
+    chol = jnp.linalg.cholesky(precision)  # NaN where not positive definite
+    definite = jnp.all(jnp.isfinite(chol))
+    whitened = solve_triangular(chol, jnp.eye(precision.shape[0], dtype=precision.dtype), lower=True)
+    joint = jnp.sum(whitened**2, axis=0)  # diag(P⁻¹)
+    ratios, offset = [], 0
+    for e in entries:
+        if e.block == 1:
+            conditional = 1.0 / jnp.diagonal(precision)[offset : offset + e.size]
+        else:
             index = offset + np.arange(e.size).reshape(-1, e.block)
             blocks = precision[index[:, :, None], index[:, None, :]]  # (size / block, block, block)
             conditional = jnp.ravel(jnp.diagonal(jnp.linalg.inv(blocks), axis1=-2, axis2=-1))
-            ratio = jnp.sqrt(jnp.maximum(joint[offset : offset + e.size] / conditional, 1.0))
-            ratios.append(jnp.max(ratio))
-            offset += e.size
-        return definite, jnp.stack(ratios)
-
-    return program
+        ratio = jnp.sqrt(jnp.maximum(joint[offset : offset + e.size] / conditional, 1.0))
+        ratios.append(jnp.max(ratio))
+        offset += e.size
+    return definite, jnp.stack(ratios)
 
 
 def understated_spread_flag(found: Optional[SpreadLeftOut]) -> tuple[str, ...]:

@@ -149,3 +149,84 @@ def test_the_ratio_reads_the_spread_nuts_finds():
         # curvature at q's mean) reads about 6.8x: it overstates a skewed scale's factor somewhat.
         measured = float(np.std(np.log(draws[site])) / np.std(np.log(q[site])))
         assert measured > 2 * UNDERSTATED_SD and measured / 1.25 < found.ratio[site] < 1.6 * measured, (site, measured)
+
+
+def varying(group, x, y=None):
+    """Group intercepts around a latent mean with a latent scale, a shared slope on x."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = numpyro.sample("tau", dist.HalfNormal(2.0))
+    with numpyro.plate("G", 15):
+        alpha = numpyro.sample("alpha", dist.Normal(mu, tau))
+    beta = numpyro.sample("beta", dist.Normal(0.0, 2.0))
+    with numpyro.plate("N", x.shape[0]):
+        numpyro.sample("y", dist.Normal(alpha[group] + beta * x, 1.0), obs=y)
+
+
+def _varying_data(seed, zero_groups=()):
+    rng = np.random.default_rng(seed)
+    group = np.arange(150) % 15
+    x = rng.normal(size=150)
+    x[np.isin(group, zero_groups)] = 0.0  # a covariate 0 in every row of some groups
+    y = rng.normal(0.5, 0.7, 15)[group] + 0.3 * x + rng.normal(size=150)
+    return jnp.asarray(group), jnp.asarray(x), jnp.asarray(y)
+
+
+def _full_reading(result):
+    """The check's ratios read from the full Hessian (D passes), for comparison."""
+    from blrppl import linear_response
+
+    check = linear_response._check(result.plan)
+    full = linear_response.Reading.full(check._dim, check._dtype, False)
+    args = (result.state.natural, dict(result.state.params), result.plan.arrays.data)
+    _, ratios, _, _ = check._program(*args, full)
+    return check, np.asarray(ratios)
+
+
+def test_refits_read_the_hessian_from_few_products_and_agree_with_the_full_reading():
+    """A first fit learns which entries the model can make nonzero, a covariate's zeros included
+    (groups whose x is 0 throughout: the Hessian's own zeros there would hide beta's coupling);
+    a refit on data where those x are not 0 reads the Hessian from 5 products, and reads what
+    the full Hessian says."""
+    engine = blrppl.NonConjugateVI(varying)
+    group, x, y = _varying_data(0, zero_groups=(2, 7))
+    first = engine.run(jax.random.key(0), 300, group, x, progress_bar=False, tol=1e-8, y=y)
+    check, _ = _full_reading(first)
+    assert check._sparse is not None and int(check._sparse.count) == 5  # mu, tau, beta alone; alpha; probe
+    group, x, y = _varying_data(1)
+    refit = engine.run(jax.random.key(0), 300, group, x, progress_bar=False, tol=1e-8, y=y)
+    assert refit.plan.signature == first.plan.signature
+    found = spread_left_out(refit.plan, refit.state.natural, refit.state.params)
+    _, full = _full_reading(refit)
+    np.testing.assert_allclose([found.ratio[n] for n in check.names], full, rtol=1e-10)
+    assert check._relearned == 0 and check._sparse is not None
+
+
+def chained(a, b, y=None):
+    """Counts with effects of two factors that meet only where the data pair them."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    with numpyro.plate("A", 30):
+        ea = numpyro.sample("ea", dist.Normal(0.0, 0.8))
+    with numpyro.plate("B", 30):
+        eb = numpyro.sample("eb", dist.Normal(0.0, 0.6))
+    with numpyro.plate("N", a.shape[0]):
+        numpyro.sample("y", dist.Poisson(jnp.exp(mu + ea[a] + eb[b])), obs=y)
+
+
+def test_a_pairing_the_learnt_pattern_lacks_falls_back_to_the_full_reading_and_is_learnt():
+    rng = np.random.default_rng(0)
+    a = np.arange(120) % 30
+    engine = blrppl.NonConjugateVI(chained)
+    first = engine.run(jax.random.key(0), 300, jnp.asarray(a), jnp.asarray((a + 1) % 30), progress_bar=False,
+                       tol=1e-8, y=jnp.asarray(rng.poisson(3, size=120)))
+    check, _ = _full_reading(first)
+    assert check._sparse is not None and int(check._sparse.count) == 4  # mu alone; the ea; the eb; probe
+    b = (a + 1 + (np.arange(120) >= 60)) % 30  # half the rows now pair ea_i with eb_(i+2)
+    refit = engine.run(jax.random.key(0), 300, jnp.asarray(a), jnp.asarray(b), progress_bar=False, tol=1e-8,
+                       y=jnp.asarray(rng.poisson(3, size=120)))
+    assert refit.plan.signature == first.plan.signature
+    assert check._relearned == 1  # the probe disagreed: the full reading answered, and taught the pairs
+    _, full = _full_reading(refit)
+    found = spread_left_out(refit.plan, refit.state.natural, refit.state.params)  # read with the new pattern
+    assert check._relearned == 1 and check._sparse is not None
+    np.testing.assert_allclose([found.ratio[n] for n in check.names], full, rtol=1e-10)
+    assert full.max() > 2 * UNDERSTATED_SD and any("understates the posterior spread of 'mu'" in f for f in refit.flags)

@@ -102,14 +102,17 @@ class Engine:
         return algorithm
 
     def _flags(
-        self, plan: Plan, state: Any, elbo: jax.Array, stopped: bool, noisy: bool = False, natural: Any = None
+        self, plan: Plan, state: Any, elbo: jax.Array, stopped: bool, noisy: bool = False, natural: Any = None,
+        spread: Any = None,
     ) -> tuple[str, ...]:
         """Doubts about a finished fit (see :mod:`blrppl.blr.checks`); ``noisy``: Monte Carlo site
         parameters, whose ELBO trace may fall and rise with the draws; ``natural``: the state's
-        λ already on the host, if at hand."""
+        λ already on the host, if at hand; ``spread``: the linear-response check of the state,
+        if dispatched already (:meth:`fit` starts it before its own checks of the run)."""
         if not len(elbo):
             return ()
-        spread = linear_response.dispatch(plan, state.natural, state.params)  # runs while the host checks
+        if spread is None:  # runs while the host checks
+            spread = linear_response.dispatch(plan, state.natural, state.params)
         if plan.init_params:
             boundary = boundary_estimates(plan, self.build(plan, fixed_params=True), state, float(np.asarray(elbo)[-1]))
             if boundary:
@@ -225,9 +228,11 @@ class Engine:
             state, elbo, stopped = driver.run(
                 algorithm, rng_key, num_steps, plan.arrays, init_state=init_state, tol=tol, progress_bar=progress_bar
             )
+        # The linear-response check runs on the device while the host checks the run.
+        spread = linear_response.dispatch(plan, state.natural, state.params) if len(elbo) else None
         check_finite(plan, state, elbo, algorithm)
         convergence = Convergence.of(stopped, tol, len(elbo), algorithm.noisy, algorithm.exact, elbo.dtype)
-        flags = self._flags(plan, state, elbo, bool(stopped), algorithm.noisy)
+        flags = self._flags(plan, state, elbo, bool(stopped), algorithm.noisy, spread=spread)
         return BLRResult(plan=plan, state=state, elbo=elbo, mode=self.mode, convergence=convergence, flags=flags)
 
     def _run_restarts(self, plan, rng_key, num_steps, num_restarts, init_state, tol, progress_bar) -> BLRResult:
