@@ -148,10 +148,14 @@ class Pending(NamedTuple):
     agrees: jax.Array
     pattern: Any = None
 
-    def read(self) -> SpreadLeftOut:
+    def read(self) -> Optional[SpreadLeftOut]:
+        """The check's reading on the host (None where the full reading a miss calls for failed)."""
         definite, ratios, agrees = jax.device_get((self.definite, self.ratios, self.agrees))
         if not bool(agrees):  # a nonzero the learnt pattern did not have
-            return self.check.missed(self.args).read()
+            try:
+                return self.check.missed(self.args).read()
+            except Exception:  # noqa: BLE001 - as dispatch: no check rather than a failed fit
+                return None
         if self.pattern is not None:
             finite, pattern = jax.device_get(self.pattern)
             if finite:  # (a Hessian that is not finite shows no pattern: learnt at a later fit)
@@ -284,9 +288,12 @@ class _Check:
         allows at most ``SPARSE_WORTH`` of the full reading's passes."""
         self._learnt = True
         self._pattern = pattern if self._pattern is None else self._pattern | pattern
-        compression = sparse_hessian.compression(self._pattern)
-        if compression.num_products + 1 <= SPARSE_WORTH * self._dim:
-            self._sparse = Reading.compressed(compression, self._dtype)
+        try:
+            compression = sparse_hessian.compression(self._pattern)
+            if compression.num_products + 1 <= SPARSE_WORTH * self._dim:
+                self._sparse = Reading.compressed(compression, self._dtype)
+        except Exception:  # noqa: BLE001 - the full reading stays
+            self._sparse = None
 
 
 def _check(plan: Any) -> Optional[_Check]:
