@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import jax
 
-from blrppl import compile_mode
+from blrppl import compile_mode, host_ops
 
 CHEAP_OPERAND_BYTES = 1 << 22
 """Operands of at most this many bytes (4 MiB) take the cheap settings: an unoptimised
@@ -100,7 +100,14 @@ def _routed(original: Callable) -> Callable:
             cheap = _cheap_callable(prim, **params)
         except TypeError:  # parameters that do not hash: JAX's own cache refuses them too
             return original(prim, **params)
-        return lambda *args: cheap(*args) if _small_on_cpu(args) else original(prim, **params)(*args)
+
+        def call(*args: Any) -> Any:
+            if not _small_on_cpu(args):
+                return original(prim, **params)(*args)
+            on_host = host_ops.evaluate(prim, params, args)  # numpy: nothing compiles
+            return cheap(*args) if on_host is None else on_host
+
+        return call
 
     return xla_primitive_callable
 
@@ -120,6 +127,9 @@ def _routed_jit(original: Callable) -> Callable:
             or not _small_on_cpu(args)
         ):
             return original(*args, **params)
+        on_host = host_ops.evaluate_call(params["jaxpr"], args)  # numpy: nothing compiles
+        if on_host is not None:
+            return on_host, None, None, []
         params["compiler_options_kvs"] = tuple(compile_mode.fast_cpu_options().items())
         out, _, profiler, const_args = original(*args, **params)
         return out, None, profiler, const_args

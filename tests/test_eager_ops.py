@@ -86,14 +86,15 @@ def xla_compiles() -> int:
 
 
 def test_jitted_functions_inside_the_context_compile_cheaply_and_stay_there():
-    """A jitted function called eagerly (jnp functions are jitted as a whole) runs a program of its
-    own inside the context (compiled with the cheap settings), which never serves calls outside:
-    there the same call compiles XLA's default program (without the route, it would reuse the
-    program compiled inside)."""
+    """A jitted function called eagerly (jnp functions are jitted as a whole) that numpy does not
+    compute (:mod:`blrppl.host_ops`: a sort) runs a program of its own inside the context
+    (compiled with the cheap settings), which never serves calls outside: there the same call
+    compiles XLA's default program (without the route, it would reuse the program compiled
+    inside)."""
 
     @jax.jit
     def scaled(a, b):
-        return a * 2.0 + b
+        return jnp.sort(a) * 2.0 + b
 
     x = jnp.linspace(0.0, 1.0, 41)
     start = xla_compiles()

@@ -1,0 +1,119 @@
+"""Planning's small eager operations are computed with numpy: nothing compiles (blrppl.host_ops)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from jax import lax
+
+import blrppl
+from blrppl.eager_ops import cheap_eager_ops
+from tests.compiles import compilations, compiled_names
+
+RNG = np.random.default_rng(0)
+A = jnp.asarray(RNG.normal(size=(3, 4)))
+B = jnp.asarray(RNG.normal(size=(3, 4)))
+P = jnp.asarray(np.abs(np.asarray(A)) + 0.1)
+I = jnp.asarray(RNG.integers(-5, 5, size=(3, 4)))
+
+CASES = {
+    "add": lambda: jnp.add(A, B),
+    "sub mul div": lambda: (A - B) * A / P,
+    "scalar weak": lambda: jnp.asarray(A) * 2.0 + 1,
+    "integer": lambda: jnp.asarray(I) * 3 - 1,
+    "rem max min": lambda: (lax.rem(jnp.asarray(A), jnp.asarray(P)), jnp.maximum(A, B), jnp.minimum(A, B)),
+    "pow": lambda: (jnp.power(P, B), lax.integer_pow(jnp.asarray(A), 3), jnp.square(A)),
+    "compare": lambda: (A < B, A <= B, A == A, A != B, A > 0, A >= B),
+    "logic": lambda: (jnp.logical_and(A > 0, B > 0), jnp.logical_or(A > 0, B > 0), ~(A > 0)),
+    "unary": lambda: (jnp.exp(A), jnp.log(P), jnp.log1p(P), jnp.expm1(A), jnp.sqrt(P), lax.rsqrt(jnp.asarray(P))),
+    "more unary": lambda: (jnp.tanh(A), jnp.sin(A), jnp.cos(A), jnp.abs(A), jnp.sign(A), -jnp.asarray(A)),
+    "special": lambda: (jax.nn.sigmoid(A), jax.scipy.special.gammaln(P), jax.scipy.special.digamma(P)),
+    "round": lambda: (jnp.floor(A * 3), jnp.ceil(A * 3), jnp.round(A * 3), jnp.clip(A, -0.5, 0.5)),
+    "cast": lambda: (jnp.asarray(A).astype(jnp.float32), jnp.asarray(I).astype(float), (A > 0).astype(int)),
+    "shapes": lambda: (jnp.reshape(A, (4, 3)), jnp.transpose(A), A[None, :, None], jnp.broadcast_to(A[0], (5, 4))),
+    "iota eye": lambda: (jnp.arange(7), jnp.eye(4), jnp.eye(3, 5, k=1)),
+    "where": lambda: jnp.where(A > 0, A, B),
+    "slices": lambda: (jnp.asarray(A)[1:, ::2], lax.dynamic_slice(jnp.asarray(A), (1, 2), (2, 2)), jnp.flip(A, 0)),
+    "update": lambda: lax.dynamic_update_slice(jnp.asarray(A), jnp.ones((2, 2)), (2, 3)),
+    "join": lambda: (jnp.concatenate([A, B], axis=1), jnp.stack([A, B]), jnp.pad(A, ((1, 0), (0, 2)))),
+    "reduce": lambda: (jnp.sum(A, axis=0), jnp.max(A), jnp.min(A, axis=1), jnp.prod(P), jnp.all(A > -9), jnp.any(A > 9)),
+    "cumulative": lambda: (jnp.cumsum(A, axis=1), jnp.cumprod(P, axis=0)),
+    "dot": lambda: (A @ B.T, jnp.einsum("ij,kj->ik", A, B), jnp.einsum("bi,bi->b", A, B), jnp.outer(A[0], B[1])),
+    "split": lambda: tuple(jnp.split(A, [1, 3], axis=1)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_eager_operations_in_planning_compile_nothing_and_equal_xla(name):
+    expected = jax.jit(CASES[name])()
+    with compilations() as compiled, cheap_eager_ops():
+        got = CASES[name]()
+    assert compiled_names(compiled) == []
+    for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+        assert isinstance(g, jax.Array)
+        assert g.shape == e.shape and g.dtype == e.dtype and g.weak_type == e.weak_type, (g, e)
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-13, atol=1e-15)  # (an ulp or two)
+
+
+def test_float32_operations_keep_their_precision():
+    a32 = jnp.asarray(A, jnp.float32)
+    expected = jax.jit(lambda: jnp.exp(a32) * 0.5 + a32 @ a32.T[:, :1])()
+    with cheap_eager_ops():
+        got = jnp.exp(a32) * 0.5 + a32 @ a32.T[:, :1]
+    assert got.dtype == jnp.float32 and not got.weak_type
+    np.testing.assert_allclose(got, expected, rtol=2e-6)
+
+
+def test_what_no_rule_covers_compiles_as_before():
+    x = jnp.asarray(A)
+    with compilations() as compiled, cheap_eager_ops():
+        got = jnp.sort(x, axis=1), jax.random.normal(jax.random.key(3), (2,))
+    assert compiled_names(compiled)  # sorted, random bits: compiled (cheaply)
+    np.testing.assert_array_equal(got[0], np.sort(np.asarray(A), axis=1))
+
+
+def kernel_model(x, y=None):
+    """A GP-like model whose host trace runs many eager operations on data and latents."""
+    var = numpyro.sample("var", dist.LogNormal(0.0, 1.0))
+    length = numpyro.sample("length", dist.LogNormal(0.0, 1.0))
+    k = var * jnp.exp(-0.5 * ((x[:, None] - x) / length) ** 2) + 0.1 * jnp.eye(x.shape[0])
+    numpyro.sample("y", dist.MultivariateNormal(jnp.zeros(x.shape[0]), covariance_matrix=k), obs=y)
+
+
+def test_planning_a_model_compiles_none_of_its_own_operations():
+    x = jnp.linspace(-1.0, 1.0, 13)  # shapes no other test uses
+    y = jnp.sin(3.0 * x)
+    with compilations() as compiled:
+        blrppl.NonConjugateVI(kernel_model).plan(x, y=y)
+    one_op = [n for n in compiled_names(compiled) if n in {"jit(add)", "jit(multiply)", "jit(exp)", "jit(subtract)",
+                                                          "jit(true_divide)", "jit(_power)", "jit(broadcast_in_dim)"}]
+    assert one_op == []
+
+
+GATHERS = {
+    "rows": lambda x, i: x[i],
+    "cells": lambda x, i: x[i, 1],
+    "columns": lambda x, i: x[:, i],
+    "pairs": lambda x, i: x[i, i % 4],
+    "negative": lambda x, i: x[-i - 1],
+    "take clip": lambda x, i: jnp.take(x, i + 7, axis=0, mode="clip"),
+    "take fill": lambda x, i: jnp.take(x, i + 2, axis=0, mode="fill", fill_value=-1.0),
+    "matrix index": lambda x, i: x[jnp.reshape(i, (2, 2))],
+    "dynamic row": lambda x, i: x[i[0]],
+}
+
+
+@pytest.mark.parametrize("name", sorted(GATHERS))
+def test_gathers_equal_xla(name):
+    x = jnp.asarray(RNG.normal(size=(5, 4)))
+    i = jnp.asarray([0, 3, 1, 4])
+    expected = jax.jit(GATHERS[name])(x, i)
+    with compilations() as compiled, cheap_eager_ops():
+        got = GATHERS[name](x, i)
+    assert "jit(gather)" not in compiled_names(compiled)
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
