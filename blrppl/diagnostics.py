@@ -72,7 +72,7 @@ from numpyro.infer.util import log_density
 
 from blrppl.draws import compiled_family_draws, compiled_for, model_data
 from blrppl.graph.replay import split_latents
-from blrppl.compile_mode import jit_for
+from blrppl.compile_mode import full_precision, jit_for
 
 #: k below this: q is good (Yao et al. 2018).
 GOOD = 0.5
@@ -175,6 +175,7 @@ class ParetoK(NamedTuple):
         return text
 
 
+@full_precision  # as the results' methods that call it: one program for both
 def log_importance_ratios(result: Any, rng_key: jax.Array, num_samples: int = 1000) -> jax.Array:
     """log p(x_s, y) - log q(x_s) for ``num_samples`` draws x_s ~ q, shape ``(num_samples,)``.
 
