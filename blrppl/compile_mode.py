@@ -285,7 +285,9 @@ def jit_for(data: Any, fun: Callable, *, one_shot: bool = False) -> SizeDependen
 
 def probe(fun: Callable, *, cheap: Optional[bool] = None) -> Callable:
     """``fun`` as one compiled program, for the few evaluations of model code that planning makes
-    (gradient probes, example values, a GLM's design matrix).
+    (gradient probes, example values, a GLM's design matrix), or evaluated with numpy, equation
+    by equation, where its operands are small and every equation has a rule
+    (:func:`blrppl.host_ops.evaluate_call`).
 
     Run eagerly, each ``jnp`` operation of such a call compiles a program of its own (20-60 ms
     each; planning UCBadmit made 185 of them). Here the call is traced to a jaxpr and run by
@@ -305,9 +307,13 @@ def probe(fun: Callable, *, cheap: Optional[bool] = None) -> Callable:
             closed, shapes = jax.make_jaxpr(fun, return_shape=True)(*args)
         except (jax.errors.JAXTypeError, jax.errors.JAXIndexError):
             return fun(*args)
-        fast = cheap if cheap is not None else _mode != "optimized" and _on_cpu(jax.tree.leaves(args))
-        program = _probe_program(closed.jaxpr, fast)
-        outputs = program(closed.consts, jax.tree.leaves(args))
+        leaves = jax.tree.leaves(args)
+        fast = cheap if cheap is not None else _mode != "optimized" and _on_cpu(leaves)
+        from blrppl import host_ops  # (it reads this module's helpers)
+
+        outputs = host_ops.evaluate_call(closed, leaves) if fast else None  # numpy: nothing compiles
+        if outputs is None:
+            outputs = _probe_program(closed.jaxpr, fast)(closed.consts, leaves)
         return jax.tree.unflatten(jax.tree.structure(shapes), outputs)
 
     return call

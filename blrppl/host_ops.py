@@ -12,7 +12,7 @@ rule below covers it (elementwise arithmetic, comparisons, casts, shape
 operations, reductions, ``dot_general``, slices; a jitted function, such as
 ``jnp.add``, by its jaxpr, equation by equation), with the dtype, shape and
 weak type JAX's own abstract evaluation gives; anything else (random bits,
-gathers, linear algebra, loops, a parameter a rule does not know) returns
+scatters, other linear algebra, loops, a parameter a rule does not know) returns
 None, and the caller compiles it as JAX would. Values agree with XLA's to
 the last bit or two (transcendental functions round differently), as
 :mod:`blrppl.eager_ops`' cheap compilation already does.
@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 import jax
 import numpy as np
+import scipy.linalg
 import scipy.special
 
 from blrppl import compile_mode
@@ -191,6 +192,26 @@ def _gather(args: list, params: dict) -> np.ndarray:
     return np.transpose(values, order)
 
 
+def _cholesky(args: list, params: dict) -> np.ndarray:
+    x = args[0]
+    if params.get("symmetrize_input", False):
+        x = 0.5 * (x + np.swapaxes(x, -1, -2))
+    return np.linalg.cholesky(x)  # (not positive definite: LinAlgError, and XLA's NaNs compiled)
+
+
+def _triangular_solve(args: list, params: dict) -> np.ndarray:
+    a, b = args
+    if a.ndim != 2 or b.ndim != 2 or params["conjugate_a"] and np.iscomplexobj(a):
+        raise _Unsupported("batched triangular solve")
+    lower, transpose = bool(params["lower"]), bool(params["transpose_a"])
+    if params["left_side"]:  # op(a) x = b
+        return scipy.linalg.solve_triangular(a, b, trans=int(transpose), lower=lower,
+                                             unit_diagonal=bool(params["unit_diagonal"]))
+    # x op(a) = b  <=>  op(a)^T x^T = b^T
+    return scipy.linalg.solve_triangular(a, b.T, trans=int(not transpose), lower=lower,
+                                         unit_diagonal=bool(params["unit_diagonal"])).T
+
+
 def _logistic(x: np.ndarray) -> np.ndarray:
     return scipy.special.expit(x)
 
@@ -299,6 +320,9 @@ _RULES: dict[str, Callable[[list, dict], Any]] = {
     "cummax": _cumulative(np.maximum.accumulate),
     "dot_general": _dot_general,
     "gather": _gather,
+    "stop_gradient": lambda args, params: args[0],
+    "cholesky": _cholesky,
+    "triangular_solve": _triangular_solve,
 }
 
 #: Primitives that call a jaxpr, evaluated equation by equation.

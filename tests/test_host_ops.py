@@ -117,3 +117,27 @@ def test_gathers_equal_xla(name):
     assert "jit(gather)" not in compiled_names(compiled)
     assert got.shape == expected.shape and got.dtype == expected.dtype
     np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+
+
+def test_cholesky_and_triangular_solves_equal_xla():
+    m = RNG.normal(size=(4, 4))
+    spd = jnp.asarray(m @ m.T + 4 * np.eye(4))
+    rhs = jnp.asarray(RNG.normal(size=(4, 2)))
+
+    def linear_algebra():
+        chol = jnp.linalg.cholesky(spd)
+        return (
+            chol,
+            jax.scipy.linalg.solve_triangular(chol, rhs, lower=True),
+            jax.scipy.linalg.solve_triangular(chol, rhs, lower=True, trans=1),
+            jax.lax.linalg.triangular_solve(chol, rhs.T, left_side=False, lower=True),
+        )
+
+    expected = jax.jit(linear_algebra)()
+    with compilations() as compiled, cheap_eager_ops():
+        got = linear_algebra()
+    assert compiled_names(compiled) == []
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-12, atol=1e-14)
+    with cheap_eager_ops():  # not positive definite: XLA's NaNs, compiled
+        assert np.isnan(np.asarray(jnp.linalg.cholesky(-spd))).any()

@@ -25,8 +25,9 @@ def test_a_concrete_mvn_is_built_by_one_program_and_equals_numpyros(argument):
     expected = dist.MultivariateNormal(loc, **{argument: matrix})
     with compilations() as compiled, capturing_constructors():
         built = dist.MultivariateNormal(loc, **{argument: matrix})
-    # One compiled program (none per operation of numpyro's factorisation).
-    assert compiled_names(compiled) == ["jit(evaluate)"], compiled_names(compiled)
+    # At most one compiled program (none per operation of numpyro's factorisation; none at all
+    # where numpy computes it, blrppl.host_ops: batched triangular solves it leaves to XLA).
+    assert compiled_names(compiled) in ([], ["jit(evaluate)"]), compiled_names(compiled)
     assert type(built) is dist.MultivariateNormal
     np.testing.assert_allclose(built.scale_tril, expected.scale_tril, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(built.loc, expected.loc)
