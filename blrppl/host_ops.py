@@ -360,10 +360,14 @@ def evaluate_call(closed: Any, args: tuple) -> Optional[list]:
 
 
 def _small_on_host(args: tuple) -> bool:
-    """Operands of at most ``MAX_OPERAND_BYTES`` on a CPU, results placed by default."""
+    """Operands of at most ``MAX_OPERAND_BYTES`` on a CPU, none placed or sharded on purpose (the
+    results go where ``jax.device_put`` puts them: uncommitted, on the default device)."""
     leaves = jax.tree.leaves(args)
     if jax.config.jax_default_device is not None or not compile_mode._on_cpu(leaves):
         return False
+    for leaf in leaves:
+        if isinstance(leaf, jax.Array) and (leaf.committed or len(leaf.sharding.device_set) != 1):
+            return False
     return sum(compile_mode._nbytes(leaf) for leaf in leaves) <= MAX_OPERAND_BYTES
 
 

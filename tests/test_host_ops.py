@@ -141,3 +141,13 @@ def test_cholesky_and_triangular_solves_equal_xla():
         np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-12, atol=1e-14)
     with cheap_eager_ops():  # not positive definite: XLA's NaNs, compiled
         assert np.isnan(np.asarray(jnp.linalg.cholesky(-spd))).any()
+
+
+def test_operands_placed_on_purpose_compile_as_jax_would():
+    """A committed operand keeps XLA's placement (numpy's result would land uncommitted)."""
+    placed = jax.device_put(A, jax.devices()[0])
+    assert placed.committed
+    with cheap_eager_ops():
+        got = placed * 2.0
+    assert got.committed
+    np.testing.assert_array_equal(got, np.asarray(A) * 2.0)
