@@ -147,11 +147,12 @@ class Pending(NamedTuple):
     ratios: jax.Array
     agrees: jax.Array
     pattern: Any = None
+    compressed: bool = False  # read from few products (else in full: nothing to fall back to)
 
     def read(self) -> Optional[SpreadLeftOut]:
         """The check's reading on the host (None where the full reading a miss calls for failed)."""
         definite, ratios, agrees = jax.device_get((self.definite, self.ratios, self.agrees))
-        if not bool(agrees):  # a nonzero the learnt pattern did not have
+        if self.compressed and not bool(agrees):  # a nonzero the learnt pattern did not have
             try:
                 return self.check.missed(self.args).read()
             except Exception:  # noqa: BLE001 - as dispatch: no check rather than a failed fit
@@ -262,7 +263,7 @@ class _Check:
 
     def __call__(self, args: tuple) -> Pending:
         if self._sparse is not None:
-            return self._run(args, self._sparse, learn=False)
+            return self._run(args, self._sparse, learn=False)._replace(compressed=True)
         return self._run(args, Reading.full(self._dim, self._dtype, not self._learnt), learn=not self._learnt)
 
     def _run(self, args: tuple, reading: Reading, learn: bool) -> Pending:
