@@ -15,7 +15,11 @@ weak type JAX's own abstract evaluation gives; anything else (random bits,
 scatters, other linear algebra, loops, a parameter a rule does not know) returns
 None, and the caller compiles it as JAX would. Values agree with XLA's to
 the last bit or two (transcendental functions round differently), as
-:mod:`blrppl.eager_ops`' cheap compilation already does.
+:mod:`blrppl.eager_ops`' cheap compilation already does, and so do XLA's
+conventions (a float cast to an integer saturates; lgamma(-inf) = inf;
+digamma is NaN at its poles), except for subnormal numbers, which XLA:CPU
+flushes to zero in some operations (sign, floor, log, tanh...) and not in
+others, and numpy never does.
 """
 
 from __future__ import annotations
@@ -219,9 +223,21 @@ def _logistic(x: np.ndarray) -> np.ndarray:
 def _convert(args: list, params: dict) -> np.ndarray:
     x = args[0]
     target = np.dtype(params["new_dtype"])
-    if np.issubdtype(x.dtype, np.floating) and np.issubdtype(target, np.integer) and not np.all(np.isfinite(x)):
-        raise _Unsupported  # XLA's conversion of NaN and infinities to integers is its own
+    if np.issubdtype(x.dtype, np.floating) and np.issubdtype(target, np.integer):
+        if not np.all(np.isfinite(x)):
+            raise _Unsupported  # XLA's conversion of NaN and infinities to integers is its own
+        info = np.iinfo(target)  # XLA saturates; numpy's cast wraps
+        return np.clip(np.trunc(x), info.min, info.max)
     return x  # (cast to the output's dtype by the caller)
+
+
+def _lgamma(x: np.ndarray) -> np.ndarray:
+    return np.where(np.isneginf(x), np.inf, scipy.special.gammaln(x))  # XLA: log|Γ(-inf)| = inf
+
+
+def _digamma(x: np.ndarray) -> np.ndarray:
+    poles = (x <= 0) & (x == np.floor(x))  # XLA: NaN at 0 and the negative integers
+    return np.where(poles, np.nan, scipy.special.digamma(x))
 
 
 def _round(args: list, params: dict) -> np.ndarray:
@@ -273,8 +289,8 @@ _RULES: dict[str, Callable[[list, dict], Any]] = {
     "sin": _unary(np.sin),
     "cos": _unary(np.cos),
     "logistic": _unary(_logistic),
-    "lgamma": _unary(scipy.special.gammaln),
-    "digamma": _unary(scipy.special.digamma),
+    "lgamma": _unary(_lgamma),
+    "digamma": _unary(_digamma),
     "is_finite": _unary(np.isfinite),
     "integer_pow": _integer_pow,
     "convert_element_type": _convert,
@@ -380,7 +396,7 @@ def _apply(prim: Any, params: dict, values: list, avals: list) -> tuple[list, li
         out_avals = [v.aval for v in closed.jaxpr.outvars]
         return [np.asarray(o, a.dtype) for o, a in zip(outputs, out_avals)], out_avals
     rule = _RULES.get(prim.name)
-    if rule is None or _has_sharding(params):
+    if rule is None or _has_sharding(params) or any(np.iscomplexobj(v) for v in values):
         raise _Unsupported(prim.name)
     out, _ = prim.abstract_eval(*avals, **params)
     out_avals = list(out) if prim.multiple_results else [out]

@@ -151,3 +151,30 @@ def test_operands_placed_on_purpose_compile_as_jax_would():
         got = placed * 2.0
     assert got.committed
     np.testing.assert_array_equal(got, np.asarray(A) * 2.0)
+
+
+SPECIAL = jnp.asarray([np.nan, np.inf, -np.inf, 0.0, -0.0, 0.5, -0.5, 1.5, 2.5, -2.5, 1e308, 3.0, -3.0, 1.0, -1.0, -4.0])
+OTHER = jnp.asarray([1.0, np.nan, 2.0, 0.0, -0.0, 0.5, 2.0, -1.5, 0.0, 3.0, 2.0, -np.inf, 1.0, 0.0, -2.0, 0.25])
+EDGES = {
+    "elementwise": lambda: (jnp.sign(SPECIAL), jnp.maximum(SPECIAL, OTHER), jnp.minimum(SPECIAL, OTHER),
+                            lax.rem(SPECIAL, OTHER), SPECIAL / OTHER, SPECIAL * OTHER, jnp.power(SPECIAL, OTHER)),
+    "rounding": lambda: (jnp.round(SPECIAL), jnp.floor(SPECIAL), jnp.ceil(SPECIAL)),
+    "transcendental": lambda: (jnp.exp(SPECIAL), jnp.log(SPECIAL), jnp.log1p(SPECIAL), jnp.sqrt(SPECIAL),
+                               jnp.tanh(SPECIAL), jax.nn.sigmoid(SPECIAL), jax.nn.softplus(SPECIAL)),
+    "special functions": lambda: (lax.lgamma(SPECIAL), lax.digamma(SPECIAL), lax.erf(SPECIAL), lax.erf_inv(SPECIAL)),
+    "saturating casts": lambda: (jnp.where(jnp.isfinite(SPECIAL), SPECIAL, 0.0).astype(jnp.int32), SPECIAL.astype(bool)),
+    "composites": lambda: (jnp.logaddexp(SPECIAL, OTHER), jnp.nan_to_num(SPECIAL), jax.scipy.special.xlogy(SPECIAL, OTHER),
+                           jax.scipy.special.logsumexp(SPECIAL[3:])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EDGES))
+def test_special_values_follow_xla_s_conventions(name):
+    """NaN, infinities, signed zeros, halves, poles and overflow as XLA computes them (a float cast
+    to an integer saturates, lgamma(-inf) is inf, digamma is NaN at its poles)."""
+    expected = jax.jit(EDGES[name])()
+    with cheap_eager_ops():
+        got = EDGES[name]()
+    for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-13, atol=1e-15, equal_nan=True)
