@@ -381,6 +381,8 @@ def _small_on_host(args: tuple) -> bool:
     leaves = jax.tree.leaves(args)
     if jax.config.jax_default_device is not None or not compile_mode._on_cpu(leaves):
         return False
+    if jax.config.jax_debug_nans or jax.config.jax_debug_infs:  # XLA's eager ops raise on them: keep that
+        return False
     for leaf in leaves:
         if isinstance(leaf, jax.Array) and (leaf.committed or len(leaf.sharding.device_set) != 1):
             return False

@@ -178,3 +178,8 @@ def test_special_values_follow_xla_s_conventions(name):
     for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
         assert g.dtype == e.dtype and g.shape == e.shape
         np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-13, atol=1e-15, equal_nan=True)
+
+
+def test_debug_nans_still_raises_in_planning():
+    with jax.debug_nans(True), cheap_eager_ops(), pytest.raises(FloatingPointError):
+        jnp.log(-A)
