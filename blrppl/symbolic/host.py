@@ -24,13 +24,17 @@ from scipy import special
 
 _FLOAT_EXACT: dict[str, Callable] = {
     "add": np.add,
+    "add_any": np.add,
     "sub": np.subtract,
     "mul": np.multiply,
     "div": np.true_divide,
+    "rem": np.fmod,
     "sqrt": np.sqrt,
+    "square": np.square,
 }
 _INTEGER_EXACT: dict[str, Callable] = {  # wrapping on overflow, as XLA does
     "add": np.add,
+    "add_any": np.add,
     "sub": np.subtract,
     "mul": np.multiply,
 }
@@ -46,10 +50,30 @@ _APPROXIMATE: dict[str, Callable] = {  # floating inputs (see the module docstri
         "sin": np.sin,
         "cos": np.cos,
         "lgamma": lambda x: np.where(np.isneginf(x), np.inf, special.gammaln(x)),  # log|Γ(-inf)| = inf, as XLA
+        "digamma": lambda x: np.where((x <= 0) & (x == np.floor(x)), np.nan, special.digamma(x)),  # NaN at poles
         "pow": np.power,
+        "rsqrt": lambda x: 1.0 / np.sqrt(x),
+        "tan": np.tan,
+        "atan": np.arctan,
+        "atan2": np.arctan2,
+        "sinh": np.sinh,
+        "cosh": np.cosh,
+        "asinh": np.arcsinh,
+        "acosh": np.arccosh,
+        "atanh": np.arctanh,
+        "cbrt": np.cbrt,
+        "erf": special.erf,
+        "erfc": special.erfc,
+        "erf_inv": special.erfinv,
     }.items()},  # their parameters (``accuracy``) ask for no more than numpy's
     "integer_pow": lambda x, *, y: np.power(x, y) if y >= 0 else 1.0 / np.power(x, -y),
     "reduce_sum": lambda x, *, axes, **_: np.sum(x, axis=tuple(axes)),
+    "reduce_prod": lambda x, *, axes, **_: np.prod(x, axis=tuple(axes)),
+    "cumsum": lambda x, *, axis, reverse: _cumulative(np.cumsum, x, axis, reverse),
+    "cumprod": lambda x, *, axis, reverse: _cumulative(np.cumprod, x, axis, reverse),
+    "dot_general": lambda lhs, rhs, *, dimension_numbers, **_: _dot_general(lhs, rhs, dimension_numbers),
+    "cholesky": lambda x, *, symmetrize_input=False, **_: _cholesky(x, symmetrize_input),
+    "triangular_solve": lambda a, b, **params: _triangular_solve(a, b, **params),
 }
 _EXACT: dict[str, Callable] = {
     "neg": np.negative,
@@ -66,6 +90,12 @@ _EXACT: dict[str, Callable] = {
     "not": np.invert,
     "max": np.maximum,
     "min": np.minimum,
+    "sign": np.sign,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "is_finite": np.isfinite,
+    "stop_gradient": lambda x: x,
+    "clamp": lambda lo, x, hi: np.minimum(np.maximum(x, lo), hi),
 }
 
 
@@ -159,6 +189,66 @@ def _dynamic_slice(x, *starts, slice_sizes):
     return x[tuple(slice(s, s + n) for s, n in zip(starts, slice_sizes))]
 
 
+def _dynamic_update_slice(x, update, starts):
+    """XLA's dynamic_update_slice: ``update`` written at ``starts``, each clamped so that it fits."""
+    starts = [int(np.clip(s, 0, d - n)) for s, d, n in zip(starts, x.shape, update.shape)]
+    out = np.array(x, copy=True)
+    out[tuple(slice(s, s + n) for s, n in zip(starts, update.shape))] = update
+    return out
+
+
+def _pad(x, value, config):
+    if any(interior or lo < 0 or hi < 0 for lo, hi, interior in config):
+        raise NotImplementedError("interior or negative padding: evaluated by XLA instead")
+    return np.pad(x, [(lo, hi) for lo, hi, _ in config], constant_values=value)
+
+
+def _round(x, method):
+    if int(method) == 1:  # to nearest even, as numpy
+        return np.round(x)
+    return np.sign(x) * np.floor(np.abs(x) + 0.5)  # away from zero
+
+
+def _cumulative(fn, x, axis, reverse):
+    if reverse:
+        return np.flip(fn(np.flip(x, axis), axis=axis), axis)
+    return fn(x, axis=axis)
+
+
+def _dot_general(lhs, rhs, dimension_numbers):
+    """XLA's dot_general as an einsum: batch axes first, then lhs's free axes, then rhs's."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    letters = iter("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    left = [next(letters) for _ in range(lhs.ndim)]
+    right = [next(letters) for _ in range(rhs.ndim)]
+    for i, j in zip(tuple(lb) + tuple(lc), tuple(rb) + tuple(rc)):
+        right[j] = left[i]
+    batch = [left[i] for i in lb]
+    free_left = [c for i, c in enumerate(left) if i not in lb and i not in lc]
+    free_right = [c for j, c in enumerate(right) if j not in rb and j not in rc]
+    return np.einsum(f"{''.join(left)},{''.join(right)}->{''.join(batch + free_left + free_right)}", lhs, rhs)
+
+
+def _cholesky(x, symmetrize_input):
+    if symmetrize_input:
+        x = 0.5 * (x + np.swapaxes(x, -1, -2))
+    try:
+        return np.linalg.cholesky(x)
+    except np.linalg.LinAlgError:  # XLA's NaNs where not positive definite
+        raise NotImplementedError("not positive definite: evaluated by XLA instead") from None
+
+
+def _triangular_solve(a, b, *, left_side, lower, transpose_a, conjugate_a, unit_diagonal):
+    """``op(a) x = b`` (``left_side``) or ``x op(a) = b`` for one triangular matrix ``a``."""
+    from scipy.linalg import solve_triangular  # noqa: PLC0415 - only here
+
+    if a.ndim != 2 or b.ndim != 2:
+        raise NotImplementedError("batched triangular solve: evaluated by XLA instead")
+    if left_side:
+        return solve_triangular(a, b, trans=int(bool(transpose_a)), lower=bool(lower), unit_diagonal=bool(unit_diagonal))
+    return solve_triangular(a, b.T, trans=int(not transpose_a), lower=bool(lower), unit_diagonal=bool(unit_diagonal)).T
+
+
 _STRUCTURAL: dict[str, Callable] = {
     "gather": _gather,
     "dynamic_slice": _dynamic_slice,
@@ -177,6 +267,14 @@ _STRUCTURAL: dict[str, Callable] = {
     "reduce_or": lambda x, *, axes, **_: np.any(x, axis=tuple(axes)),
     "copy": lambda x: x,
     "copy_p": lambda x: x,
+    "stage": lambda x: x,
+    "rev": lambda x, *, dimensions: np.flip(x, tuple(dimensions)),
+    "stack": lambda *xs, axis: np.stack(xs, axis=axis),
+    "pad": lambda x, value, *, padding_config: _pad(x, value, padding_config),
+    "dynamic_update_slice": lambda x, update, *starts: _dynamic_update_slice(x, update, starts),
+    "round": lambda x, *, rounding_method: _round(x, rounding_method),
+    "cummax": lambda x, *, axis, reverse: _cumulative(np.maximum.accumulate, x, axis, reverse),
+    "cummin": lambda x, *, axis, reverse: _cumulative(np.minimum.accumulate, x, axis, reverse),
 }
 
 
@@ -212,7 +310,7 @@ def evaluate(
     try:
         with np.errstate(all="ignore"):  # XLA computes inf and NaN silently
             out = fn(*xs, **params) if keyword else fn(*xs)
-    except (NotImplementedError, TypeError, ValueError):
+    except (NotImplementedError, TypeError, ValueError, IndexError):
         return None
     out = np.array(out, dtype=dtype)  # a fresh contiguous array of the equation's dtype
     return out if out.shape == shape else None
