@@ -35,7 +35,7 @@ CASES = [
 # Models whose new data are replanned by the compiled planner (blrppl.blr.replan), not on the host.
 REPLANNED = {
     "normal_mean_precision", "eight_schools_noncentered", "beta_bernoulli", "gaussian_mixture", "hmm", "radon",
-    "logistic_regression", "local_level_scan", "local_level_in_scan",
+    "logistic_regression", "local_level_scan", "local_level_in_scan", "hmm_enum",
 }
 
 

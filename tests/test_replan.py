@@ -35,6 +35,7 @@ CASES = [
     ("hmm_markov", blrppl.VMP),  # a loop chain's k-means points, stacked over its steps
     ("hmm", blrppl.VMP),  # a scan: its symbolic analysis on the tape
     ("nile", blrppl.EM),  # point estimates whose initial values are constants
+    ("hmm_enum", blrppl.VMP),  # a chain of states whose distribution is masked by the data (lengths)
 ]
 
 
@@ -164,6 +165,43 @@ def test_a_point_estimate_that_starts_from_the_data_is_planned_on_the_host(rng_k
     fresh = blrppl.EM(scale_from_the_data).run(rng_key, 100, new, progress_bar=False, tol=1e-10)
     np.testing.assert_allclose(second.elbo, fresh.elbo, rtol=1e-12)
     np.testing.assert_allclose(second.params["sigma"], fresh.params["sigma"], rtol=1e-12)
+
+
+def prior_centred_on_the_data(y=None):
+    mu = numpyro.sample("mu", dist.Normal(jnp.mean(y), 1.0))
+    with numpyro.plate("N", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+def test_a_continuous_latent_whose_prior_reads_the_data_is_planned_on_the_host(rng_key):
+    # (A discrete chain whose distribution reads the data, hmm_enum's masks, is replanned: its
+    # start reads no prior. A continuous latent's prior is read by its start and by diagnostics.)
+    y = jnp.asarray(np.random.default_rng(5).normal(1.0, 1.0, 20))
+    engine = blrppl.VMP(prior_centred_on_the_data)
+    engine.run(rng_key, 50, y=y, progress_bar=False, tol=1e-10)
+    assert engine.replanner(y=y) is None
+    new = y + 5.0
+    second = engine.run(rng_key, 50, y=new, progress_bar=False, tol=1e-10)
+    fresh = blrppl.VMP(prior_centred_on_the_data).run(rng_key, 50, y=new, progress_bar=False, tol=1e-10)
+    np.testing.assert_allclose(second.posterior["mu"].mean, fresh.posterior["mu"].mean, rtol=1e-12)
+    np.testing.assert_allclose(second.posterior["mu"].mean, (jnp.mean(new) + jnp.sum(new)) / 21.0, rtol=1e-10)
+
+
+def test_a_chain_masked_by_sequence_lengths_is_replanned_and_equals_a_fresh_fit(rng_key):
+    entry = ZOO["hmm_enum"]
+    args, kwargs = entry.data()
+    engine = blrppl.VMP(entry.model)
+    engine.run(rng_key, 100, *args, progress_bar=False, tol=1e-8, **kwargs)
+    assert engine.replanner(*args, **kwargs) is not None
+    rng = np.random.default_rng(6)
+    y = np.asarray(kwargs["y"])
+    new = dict(kwargs, y=jnp.asarray(np.where(rng.random(y.shape) < 0.2, 1.0 - y, y), y.dtype))
+    assert engine.replanner(*args, **new).plan_for(split_model_data(args, new)) is not None
+    second = engine.run(rng_key, 100, *args, progress_bar=False, tol=1e-8, **new)
+    fresh = blrppl.VMP(entry.model).run(rng_key, 100, *args, progress_bar=False, tol=1e-8, **new)
+    np.testing.assert_allclose(second.elbo, fresh.elbo, rtol=1e-12)
+    for a, b in zip(jax.tree.leaves(second.state.natural), jax.tree.leaves(fresh.state.natural)):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
 def bernoulli_coin(y=None):

@@ -31,8 +31,10 @@ linear predictor (affinity, elementwise likelihood) on the new data; and the
 observations k-means starts from (mixtures, HMMs), re-read from the model
 replayed on the new data (:func:`~blrppl.blr.starts.points_reader`). Plans
 with missing data imputed as latents, minibatches, data the model needs as
-concrete values, a latent's distribution or a point estimate's initial value
-computed from the data get no replanner; analyses that read data values off
+concrete values, a continuous latent's distribution (or one its start reads)
+or a point estimate's initial value computed from the data get no replanner
+(a discrete chain masked by each sequence's length is replanned: its
+distribution enters the fit only through its factors' replayed arrays); analyses that read data values off
 the tape get one whose guards fail on data that differ there. Those are
 planned on the host every time, as before.
 """
@@ -305,12 +307,19 @@ def _site_replay(plan: Plan) -> Callable:
             warnings.simplefilter("ignore")
             return replay(graph, values, {}, data=arrays)
 
+    owners: list = []  # the latent of each leaf prior_leaves returns
+
     def prior_leaves(*arrays):
-        return [jax.tree.leaves(s.fn) for s in sites(arrays).values() if not s.is_observed and s.fn is not None]
+        leaves = [(name, leaf) for name, s in sites(arrays).items() if not s.is_observed and s.fn is not None
+                  for leaf in jax.tree.leaves(s.fn)]
+        owners[:] = [name for name, _ in leaves]
+        return [leaf for _, leaf in leaves]
 
     deps = output_dependencies(prior_leaves, *graph.data.arrays)
-    if any(deps.inputs_of(k) for k in range(len(deps.outputs))):  # data inputs, not a scan's tags
-        raise ValueError("a latent's distribution depends on the data")
+    moved = {owners[k] for k in range(len(deps.outputs)) if deps.inputs_of(k)}  # data inputs, not a scan's tags
+    stale = sorted(name for name in moved if _prior_read(plan, name))
+    if stale:
+        raise ValueError(f"the distribution of latent {stale[0]!r} depends on the data")
     if graph.params:  # point estimates (EM) start from their initial values, which the plan keeps
 
         def initial_params(*arrays):
@@ -322,6 +331,26 @@ def _site_replay(plan: Plan) -> Callable:
         if any(deps.inputs_of(k) for k in range(len(deps.outputs))):
             raise ValueError("a point estimate's initial value depends on the data")
     return sites
+
+
+def _prior_read(plan: Plan, site: str) -> bool:
+    """Whether the plan keeps values read from latent ``site``'s prior distribution, which a
+    replay on new data would leave stale: a start from the prior (``"placeholder"``,
+    ``"gaussian"``), or, for a continuous site, the prior itself (diagnostics read its spread).
+
+    A discrete site whose start reads no prior (a chain of states with random or k-means
+    responsibilities) is free to depend on the data: its distribution enters the fit only
+    through its factors, whose arrays are replayed (a mask on each sequence's length, as
+    numpyro's ``hmm_enum`` example writes it).
+    """
+    for v, node in plan.graph.variables.items():
+        members = {member.name: member for member in node.members or (node,)}
+        chain_sites = node.chain.sites if node.chain is not None else ()
+        if site != v and site not in members and site not in chain_sites:
+            continue
+        member = members.get(site, node)
+        return bool(set(plan.arrays.starts.get(v, {})) - {"points"}) or not member.discrete
+    return True  # a site the plan does not know: assume the worst
 
 
 def _observations_valid(sites: Mapping[str, Any]) -> jax.Array:
