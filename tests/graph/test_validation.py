@@ -285,3 +285,18 @@ def test_a_model_without_a_plate_means_the_same_as_one_with_it(rng_key):
 )
 def test_support_descriptions(support, words):
     assert describe_support(support) == words
+
+
+def binomial_with_counts(total, y=None):
+    p = numpyro.sample("p", dist.Beta(1.0, 1.0))
+    with numpyro.plate("N", total.shape[0]):
+        numpyro.sample("admit", dist.Binomial(total, logits=jnp.log(p) - jnp.log1p(-p)), obs=y)
+
+
+def test_a_parameter_outside_its_constraint_names_the_site_not_numpyros_bare_valueerror():
+    # numpyro's validation says "BinomialLogits distribution got invalid total_count parameter."
+    # without a site; the graph's trace names the site, the parameter and a bad value.
+    total = jnp.asarray([10.0, 12.5, 8.0])
+    with pytest.raises(blrppl.ModelError, match=r"site 'admit': .*'total_count'.*1 of 3 values, e.g. 12.5 at index \(1,\)"):
+        build_graph(binomial_with_counts, (total,), {"y": jnp.asarray([3.0, 4.0, 5.0])})
+    build_graph(binomial_with_counts, (jnp.asarray([10.0, 12.0, 8.0]),), {"y": jnp.asarray([3.0, 4.0, 5.0])})
