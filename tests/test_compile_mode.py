@@ -84,7 +84,7 @@ def test_one_shot_programs_compile_cheaply_up_to_a_larger_bound(restore_mode):
                                          compile_mode.ONE_SHOT_BYTES)
     start = (None, (), False, jax.random.key(0), data, np.zeros((), np.int32))
     assert driver._init.variant(*start) is driver._init.fast
-    assert driver._run_chunk.variant(None, data) is driver._run_chunk.optimized
+    assert driver._run_chunk.variant(None, data) is driver._run_chunk.balanced  # larger data on a CPU
 
 
 def test_a_probe_is_one_compiled_program_and_falls_back_where_code_needs_values():
@@ -258,8 +258,8 @@ def test_a_loop_over_larger_data_compiles_cheaply_where_its_run_is_short(restore
     with compile_mode.planned_steps(200):
         assert loop.variant(*args) is loop.fast
     with compile_mode.planned_steps(10**7):
-        assert loop.variant(*args) is loop.optimized
-    assert loop.variant(*args) is loop.optimized
+        assert loop.variant(*args) is loop.balanced
+    assert loop.variant(*args) is loop.balanced
     compile_mode.set_compile_mode("optimized")
     with compile_mode.planned_steps(200):
         assert loop.variant(*args) is loop.optimized
@@ -269,4 +269,22 @@ def test_a_loop_over_larger_data_compiles_cheaply_where_its_run_is_short(restore
     plan, args = _loop_args(blrppl.VMP(_random_walk), y=rng.normal(size=10_000))
     assert args[0].chained and not compile_mode.fast_compile(plan.arrays)
     with compile_mode.planned_steps(2):
-        assert loop.variant(*args) is loop.optimized
+        assert loop.variant(*args) is loop.balanced
+
+
+@ON_CPU
+def test_larger_data_compile_with_the_balanced_options_and_fit_as_xla_defaults_do(restore_mode):
+    """Over the size bound a CPU program takes BALANCED_CPU_OPTIONS (mode "auto"), XLA's defaults
+    in mode "optimized": the same posterior to rounding."""
+    assert set(compile_mode.balanced_cpu_options()) == set(compile_mode.fast_cpu_options())
+    y = np.cumsum(np.random.default_rng(2).normal(size=10_000)) * 0.1
+    engine = blrppl.VMP(_random_walk)
+    loop = driver._run_chunk
+    before = loop.balanced._cache_size()
+    auto = engine.run(jax.random.key(0), 50, y=y, progress_bar=False, tol=1e-10)
+    assert loop.balanced._cache_size() == before + 1  # the chain's loop, over 80 kB of data
+    compile_mode.set_compile_mode("optimized")
+    default = blrppl.VMP(_random_walk).run(jax.random.key(0), 50, y=y, progress_bar=False, tol=1e-10)
+    assert len(auto.elbo) == len(default.elbo)
+    np.testing.assert_allclose(auto.elbo, default.elbo, rtol=1e-12)
+    np.testing.assert_allclose(auto.posterior["x"].mean, default.posterior["x"].mean, rtol=1e-9, atol=1e-9)
