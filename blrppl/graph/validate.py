@@ -39,7 +39,7 @@ import numpy as np
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
-from blrppl.errors import site_error
+from blrppl.errors import ModelError, site_error
 from blrppl.graph.families import base_distribution
 from blrppl.graph.plates import subsample_indices
 from blrppl.graph.replay import effective_mask, run_model
@@ -409,3 +409,40 @@ def _leaves(support: Optional[constraints.Constraint]) -> list:
         return jax.tree_util.tree_leaves(support)
     except Exception:  # a constraint that is not a pytree has no array bounds to examine
         return []
+
+
+INVALID_PARAMETER = "distribution got invalid"
+"""numpyro's message (``validate_args``) when a distribution's parameter is outside its constraint."""
+
+
+def invalid_parameter_error(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any], error: ValueError):
+    """numpyro's "X distribution got invalid p parameter" as a :class:`ModelError` naming the site:
+    the model is run again without validation and each site's parameters are checked against
+    their constraints on the host."""
+    try:
+        tr, _ = run_model(model, model_args, model_kwargs, placeholders=True, validate=False)
+    except Exception:  # noqa: BLE001 - the model does not run without validation either
+        tr = {}
+    for name, site in tr.items():
+        fn = site.get("fn") if site["type"] == "sample" else None
+        while isinstance(fn, (dist.MaskedDistribution, dist.Independent, dist.ExpandedDistribution)):
+            fn = fn.base_dist
+        for parameter, constraint in getattr(fn, "arg_constraints", {}).items():
+            try:
+                value = np.asarray(getattr(fn, parameter))
+                inside = np.asarray(constraint(value), bool)
+            except Exception:  # noqa: BLE001 - a lazy or traced parameter: not checked here
+                continue
+            if inside.all():
+                continue
+            bad = np.argwhere(~np.broadcast_to(inside, np.shape(value) or inside.shape))
+            where = tuple(int(i) for i in bad[0]) if bad.size else ()
+            example = value[where] if value.ndim else value
+            return site_error(
+                name,
+                f"the {type(fn).__name__} parameter {parameter!r} is outside its constraint "
+                f"{type(constraint).__name__.strip('_')} ({int((~inside).sum())} of {inside.size} values, e.g. "
+                f"{example} at index {where})",
+                "correct the data or arguments it is computed from",
+            )
+    return ModelError(f"site {getattr(model, '__name__', 'model')!r}: {error}; correct the model's data or arguments.")
