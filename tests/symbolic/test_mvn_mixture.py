@@ -64,3 +64,31 @@ def test_large_categorical_plate_reads_every_observation():
     mean = {"w": {"log_x": np.zeros(k)}, "z": {"one_hot": r}}
     grads = jax.grad(lambda m: expected_value(analysis, m))(mean)
     np.testing.assert_allclose(grads["w"]["log_x"], r.sum(0), rtol=1e-12)
+
+
+def test_unravel_gives_the_int64_coordinates_of_the_reference_formula_for_any_positions():
+    from blrppl.symbolic.terms import unravel
+
+    rng = np.random.default_rng(2)
+    shape = (5, 3, 7)
+    base = rng.integers(-2, 120, size=(400, 2, 3))
+    inside = rng.integers(0, 105, size=(300, 4))  # every position in the shape: a table's lookups
+    cases = [
+        inside,
+        inside.astype(np.uint16)[::2],
+        base.astype(np.int32),
+        base.astype(np.int64),
+        base.astype(np.int64)[:, :1, ::2],  # a strided view
+        np.asarray(rng.integers(0, 2**40, size=50), np.int64),  # past int32: the int64 division
+        np.asarray(rng.integers(2**31, 2**32 - 1, size=50), np.uint32),  # unsigned past int32
+        np.zeros((0, 4), np.int32),
+    ]
+    for flat in cases:
+        expected = []
+        rest = np.array(flat, dtype=np.int64)
+        for size in reversed(shape):
+            rest, coord = np.divmod(rest, size)
+            expected.append(coord)
+        for got, want in zip(unravel(flat, shape), reversed(expected)):
+            assert got.dtype == np.int64 and got.shape == flat.shape
+            np.testing.assert_array_equal(got, want)
