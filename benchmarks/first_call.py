@@ -51,6 +51,7 @@ ENGINES = {
     "gaussian_mixture": blrppl.VMP,
     "hmm": blrppl.VMP,
     "hmm_markov": blrppl.VMP,
+    "hmm_enum": blrppl.VMP,
     "nile": blrppl.EM,
     "eight_schools_noncentered": blrppl.NonConjugateVI,
     "logistic_regression": blrppl.NonConjugateVI,
