@@ -430,14 +430,13 @@ def invalid_parameter_error(model: Callable, model_args: tuple, model_kwargs: Ma
         for parameter, constraint in getattr(fn, "arg_constraints", {}).items():
             try:
                 value = np.asarray(getattr(fn, parameter))
-                inside = np.asarray(constraint(value), bool)
-            except Exception:  # noqa: BLE001 - a lazy or traced parameter: not checked here
+                inside = np.broadcast_to(np.asarray(constraint(value), bool), value.shape)
+            except Exception:  # noqa: BLE001 - a lazy, traced or dependent parameter: not checked here
                 continue
             if inside.all():
                 continue
-            bad = np.argwhere(~np.broadcast_to(inside, np.shape(value) or inside.shape))
-            where = tuple(int(i) for i in bad[0]) if bad.size else ()
-            example = value[where] if value.ndim else value
+            where = tuple(int(i) for i in np.argwhere(~inside)[0])
+            example = value[where]
             return site_error(
                 name,
                 f"the {type(fn).__name__} parameter {parameter!r} is outside its constraint "

@@ -26,8 +26,8 @@ also records each label's size.
 from __future__ import annotations
 
 import dataclasses
-import math
 import itertools
+import math
 from fractions import Fraction
 from typing import Optional, Sequence
 
@@ -321,9 +321,9 @@ def rename_internal(term: Term, keep: set[Label], space: Labels) -> Term:
 
 
 def unravel(flat: np.ndarray, shape: Sequence[int]) -> tuple[np.ndarray, ...]:
-    """``np.unravel_index`` without numpy's (numpy 2.4's version returns wrong coordinates
-    for some strided inputs, e.g. shape (N, 1) views); int64 coordinates, any positions
-    (out of range ones as floor division and remainder give them).
+    """``np.unravel_index`` by table lookup or integer arithmetic (numpy 2.4's version returns
+    wrong coordinates for some strided inputs, e.g. shape (N, 1) views): int64 coordinates of
+    any positions (out of range ones as floor division and remainder give them).
 
     Planning a mixture on 100,000 points unravels millions of positions into a few
     components: where ``shape`` is small and the positions lie in it, each coordinate is
@@ -332,6 +332,8 @@ def unravel(flat: np.ndarray, shape: Sequence[int]) -> tuple[np.ndarray, ...]:
     """
     flat = np.asarray(flat)
     shape = tuple(int(size) for size in shape)
+    if not shape:
+        return ()
     total = math.prod(shape)
     low, high = (int(flat.min()), int(flat.max())) if flat.size else (0, -1)
     if total <= UNRAVEL_TABLE_SIZE and flat.dtype.kind in "iu" and 0 <= low and high < total:
