@@ -19,6 +19,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
+from blrppl.blr import damping
 from blrppl.blr.config import AUTO_NOISY_RATE, Config
 from blrppl.blr.elbo import elbo_terms, exact_evidence, log_joint_at_mean, mean_params, moments
 from blrppl.blr.incremental import build_store
@@ -71,6 +72,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
       The :class:`InferenceAlgorithm`.
     """
     qs, estimators, graph = plan.qs, plan.estimators, plan.graph
+    auto_rate = config.learning_rate == "auto"
     config = config._replace(learning_rate=learning_rate(plan, config))
     rho = as_schedule(config.learning_rate)
     mode, schedule = config.mode, config.schedule
@@ -95,6 +97,8 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     cubature = any(e.method.estimator == "cubature" for e in plan.estimators)
     newton = config.newton and guard and mode == "global" and not plan.init_params and not average and not cubature
     newton = newton and natural_size(qs, plan.arrays) <= MAX_NEWTON_SIZE
+    # ρ = 1 on a cubature fit: where the iteration oscillates around its fixed point, damp it.
+    damped = auto_rate and cubature and guard and mode == "global" and not average and config.blocks != "all"
     exact = exact_after_one_step(plan, config, fixed_params=fixed_params)
     # Its step's ELBO is the log evidence, read off A(λ) and each factor's constant
     # (:func:`~blrppl.blr.elbo.exact_evidence`) where every E_q[log f] is affine in μ.
@@ -248,6 +252,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             rng_key=run_key,
             anchor=natural if average else None,
             off_target=jnp.zeros((), bool) if checked_targets or guard else None,
+            damping=damping.init(natural) if damped else None,
         )
         if guard:
             value, size = elbo_and_scale(jax.random.fold_in(init_key, 3), state, arrays)
@@ -300,6 +305,8 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
 
     def step(state: BLRState, arrays: Any) -> tuple[BLRState, BLRInfo]:
         r = jnp.asarray(rho(state.step + 1), dtype=jnp.result_type(float))
+        if state.damping is not None:
+            r = state.damping.next
         if guard and state.elbo is not None:
             # A step whose (exact) ELBO collapses is retried with ρ/2, ρ/4, ...
             # The first attempt runs inside the loop too: the step is traced
@@ -350,6 +357,8 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             )
             value = jnp.where(better, candidate, value)
             stalled = None if stalled is None else stalled & ~better
+        if state.damping is not None:
+            new_state = new_state._replace(damping=damping.observe(state.damping, state.natural, new_state.natural, r))
         if stalled is not None and new_state.off_target is not None:
             new_state = new_state._replace(off_target=new_state.off_target | stalled)
         change = jnp.asarray(jnp.nan, value.dtype)

@@ -35,8 +35,10 @@ class Config(NamedTuple):
         count from 1), or ``"auto"``: 1 when some factor uses the cubature
         and every estimated site parameter is deterministic (the ELBO guard
         then halves a step that lowers the ELBO: Newton-like steps on a
-        Gaussian process's hyperparameters), else 0.2 (with iterate
-        averaging for Monte Carlo).
+        Gaussian process's hyperparameters; where these steps oscillate around
+        their fixed point, ρ = 1 / (1 - e) from the estimated eigenvalue e < 0,
+        :mod:`blrppl.blr.damping`), else 0.2 (with iterate averaging for Monte
+        Carlo).
       estimators: how factors get their site parameters.
       families: site -> q family name overrides.
       blocks: joint Gaussian blocks over sites, or ``"all"``: one block over

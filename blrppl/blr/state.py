@@ -44,6 +44,9 @@ class BLRState(NamedTuple):
         (:func:`blrppl.blr.checks.unresolved_elbo_error`). Carried by every state that
         ``init`` makes (one structure whichever algorithm of the plan steps it: EM's
         exact E-step too); None in a Newton start's own steps.
+      damping: with ``learning_rate="auto"`` on a cubature fit (ρ = 1, guarded), the
+        oscillation damping's estimate and the next step's ρ
+        (:class:`blrppl.blr.damping.Damping`); else None.
     """
 
     natural: dict
@@ -56,6 +59,7 @@ class BLRState(NamedTuple):
     anchor: Any = None
     off_target: Any = None
     elbo_scale: Any = None
+    damping: Any = None
 
 
 class BLRInfo(NamedTuple):
