@@ -33,8 +33,11 @@ class ModelData(NamedTuple):
     static: tuple  # (position, value) of every non-array leaf
 
     def rebuild(self, arrays: Optional[Sequence[Any]] = None) -> tuple[tuple, dict]:
-        """``(model_args, model_kwargs)`` with ``arrays`` in place of the stored ones."""
-        arrays = self.arrays if arrays is None else tuple(arrays)
+        """``(model_args, model_kwargs)`` with ``arrays`` in place of the stored ones (a None
+        entry of ``arrays``: the stored array there, a constant: ``Plan.held_data``)."""
+        arrays = self.arrays if arrays is None else tuple(
+            stored if array is None else array for array, stored in zip(arrays, self.arrays, strict=True)
+        )
         leaves: list[Any] = [None] * (len(arrays) + len(self.static))
         static = dict(self.static)
         it = iter(arrays)
@@ -126,6 +129,12 @@ def _digest(obj: Any, digest: Any, seen: set) -> None:
     elif hasattr(obj, "__dict__"):
         # Caches (numpyro's transforms keep a weakref to their inverse once
         # used) are not content: leave them out so use does not change a digest.
-        _digest({k: v for k, v in vars(obj).items() if not isinstance(v, weakref.ref)}, digest, seen)
+        # (Digested in place, not as a new dict: a temporary's id, once freed, is
+        # reused by the next one, which ``seen`` would then skip as a cycle.)
+        digest.update(b"dict")
+        for key, value in vars(obj).items():
+            if not isinstance(value, weakref.ref):
+                _digest(key, digest, seen)
+                _digest(value, digest, seen)
     else:
         digest.update(repr(obj).encode())
