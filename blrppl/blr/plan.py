@@ -16,7 +16,6 @@ import math
 import warnings
 from typing import Any, Callable, Mapping, Optional
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from numpyro import handlers
@@ -28,6 +27,7 @@ from blrppl.blr.config import MAX_JOINT_SIZE, Config
 from blrppl.blr.fallback import with_gaussian_fallback
 from blrppl.blr.orphans import integrate_orphans, masked_graph, orphan_rows
 from blrppl.blr.sharding import follow_data_sharding
+from blrppl.blr.signature import held_data, plan_signature
 from blrppl.blr.starts import start_arrays
 from blrppl.errors import ModelError, needs_values_error
 from blrppl.estimators.base import FactorEstimator, PlanArrays, example_latents, q_space_examples
@@ -36,12 +36,10 @@ from blrppl.estimators.select import Verdicts, choose_estimator, delta_estimator
 from blrppl.families import VariableQ
 from blrppl.graph.blocks import as_blocks
 from blrppl.graph.chains import discrete_loop_chain
-from blrppl.graph.data import DATA_ERRORS, content_digest
 from blrppl.families.registry import GAUSSIAN_NAMES
 from blrppl.graph.families import variable_q
 from blrppl.graph.nodes import FactorGraph, Plate
 from blrppl.graph.points import as_point_estimates
-from blrppl.graph.replay import replay
 from blrppl.graph.trace import CONCRETE_VALUE_ERRORS, build_graph, site_needing_values
 
 
@@ -78,6 +76,12 @@ class Plan:
       data_static: the model's data could not be passed as arguments (the
         model needs concrete data values while it runs), so compiled code
         holds them as constants and the signature includes their content.
+      held_data: where only some of the model's arrays must be concrete (an
+        index array the model takes ``np.unique`` of), their positions in
+        ``graph.data.arrays``: compiled code holds those as constants (the
+        signature includes their content; ``arrays.data`` has None in their
+        places, :meth:`~blrppl.graph.data.ModelData.rebuild` puts them back) and
+        takes the others as arguments. Empty where all or none are held.
       imputed: missing-data latents (numpyro's ``obs_mask``) that no factor
         but their own prior touches: that factor integrates to one, so it
         sends no site parameter to other variables and leaves the ELBO out
@@ -105,6 +109,7 @@ class Plan:
     start_estimators: tuple = ()
     imputed: frozenset = frozenset()
     orphans: dict = dataclasses.field(default_factory=dict)
+    held_data: tuple = ()
 
     @functools.cached_property
     def signature(self) -> tuple:
@@ -209,16 +214,18 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
     subsample = None
     if plate is not None:
         subsample = Subsample(plate, _local_axes(graph, qs, plate), plate_factors)
-    data_static = not _data_traceable(graph, init_params)
+    held = held_data(graph, init_params)
+    data_static = len(held) == len(graph.data.arrays) > 0
+    held = () if data_static else held
     arrays = PlanArrays(
         factors=follow_data_sharding({est.factor: est.arrays for est in estimators}, graph.data.arrays),
-        data=None if data_static else graph.data.arrays,
+        data=None if data_static else tuple(None if i in held else a for i, a in enumerate(graph.data.arrays)),
         starts=start_arrays(graph, qs, estimators, config.init),
         params=dict(init_params),
     )
     return Plan(
         graph, qs, tuple(estimators), init_params, param_transforms, verdicts, subsample, arrays, data_static,
-        start_estimators, _imputed(graph), orphans,
+        start_estimators, _imputed(graph), orphans, held,
     )
 
 
@@ -528,71 +535,3 @@ def _local_axes(graph: FactorGraph, qs: Mapping[str, VariableQ], plate: Plate) -
                 raise ModelError(f"site {v!r}: cannot locate the plate {plate.name!r} axis of its q; declare the plate's dim.")
             local_axes[v] = axis
     return local_axes
-
-
-
-
-def _data_traceable(graph: FactorGraph, params: Mapping[str, Any]) -> bool:
-    """Whether the model runs with its array arguments abstract (as compiled code passes them)."""
-    data = graph.data
-    if not data.arrays:
-        return True
-    values = {}
-    for v, value in example_latents(graph).items():
-        if isinstance(value, dict):  # a joint block: its member sites
-            values.update(value)
-        else:
-            values[v] = value
-
-    def run(arrays):
-        sites = replay(graph, values, params, data=arrays)
-        return [site.value for site in sites.values()]
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            jax.eval_shape(run, data.arrays)
-    except DATA_ERRORS:
-        return False
-    return True
-
-
-def plan_signature(plan: Plan) -> tuple:
-    """Everything a compiled fit closes over, as a hashable value (see :class:`Plan`)."""
-    graph = plan.graph
-    variables = tuple(
-        (v, q.family.name, q.shape, q.num_batch, q.num_categories, q.joint, content_digest(q.transform)) for v, q in plan.qs.items()
-    )
-    factors = tuple(
-        (est.factor, est.neighbours, est.method, _structure(est.arrays)) for est in plan.estimators + plan.start_estimators
-    )
-    nodes = tuple(
-        (n.name, n.kind, n.plates, n.param_neighbours, type(n.distribution).__name__) for n in graph.factors.values()
-    )
-    data = graph.data
-    closed = plan.data_static or any(est.closed_data for est in plan.estimators)
-    data_key = content_digest(data.arrays) if closed else data.signature
-    params = tuple((k, _structure(v), content_digest(plan.param_transforms[k])) for k, v in plan.init_params.items())
-    subsample = None
-    if plan.subsample is not None:
-        s = plan.subsample
-        subsample = (s.plate, tuple(sorted(s.local_axes.items())), tuple(sorted(s.plate_factors)))
-    return (
-        id(getattr(graph.model, "__wrapped__", graph.model)),
-        variables,
-        factors,
-        nodes,
-        tuple(graph.deterministics),
-        tuple(sorted(plan.imputed)),
-        tuple((v, content_digest(m)) for v, m in sorted(plan.orphans.items())),
-        data_key,
-        params,
-        subsample,
-        _structure(plan.arrays.starts),
-    )
-
-
-def _structure(tree: Any) -> tuple:
-    """A tree's structure (compared by value, static index arrays included) and leaf shapes."""
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    return (treedef, tuple((tuple(np.shape(x)), str(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype)) for x in leaves))

@@ -215,7 +215,7 @@ def _strip(tree: Any) -> Any:
 def _unsupported(plan: Plan) -> Optional[str]:
     """Why the plan's arrays are not all replayed from the tape, or None."""
     graph = plan.graph
-    if plan.data_static or any(e.closed_data for e in plan.estimators):
+    if plan.data_static or plan.held_data or any(e.closed_data for e in plan.estimators):
         return "the model needs concrete data"
     if plan.subsample is not None or plan.imputed or plan.orphans:
         return "minibatches or missing data"
