@@ -25,7 +25,8 @@ import numpy as np
 
 from blrppl.choosing import posterior_in_family
 from blrppl.draws import compiled_family_draws, compiled_for, to_support
-from blrppl.estimators.base import example_latents, q_space_examples
+from blrppl.estimators.base import q_space_examples
+from blrppl.graph.concrete import example_latents
 from blrppl.estimators.exact import exact_estimator
 from blrppl.influence import CHUNK, Influence, inner_sum, natural_and_mean
 

@@ -30,7 +30,8 @@ import numpy as np
 from jax.scipy.special import logsumexp
 
 from blrppl.draws import compiled_for
-from blrppl.estimators.base import example_latents, q_space_examples
+from blrppl.estimators.base import q_space_examples
+from blrppl.graph.concrete import example_latents
 from blrppl.estimators.nonconjugate import PREDICTOR_POINTS, glm_linear_predictor
 from blrppl.estimators.quadrature import hermite_rule, predictor_expectations
 from blrppl.families.mvn import MVNStats

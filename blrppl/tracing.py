@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 from blrppl.blr.plan import param_examples
 from blrppl.errors import ModelError
-from blrppl.estimators.base import example_latents, q_space_examples
+from blrppl.estimators.base import q_space_examples
+from blrppl.graph.concrete import example_latents
 from blrppl.estimators.select import graph_verdicts, with_verdicts
 from blrppl.graph import FactorGraph, build_graph
 from blrppl.graph.families import variable_q

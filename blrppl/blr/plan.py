@@ -27,10 +27,11 @@ from blrppl.blr.config import MAX_JOINT_SIZE, Config
 from blrppl.blr.fallback import with_gaussian_fallback
 from blrppl.blr.orphans import integrate_orphans, masked_graph, orphan_rows
 from blrppl.blr.sharding import follow_data_sharding
-from blrppl.blr.signature import held_data, plan_signature
+from blrppl.blr.signature import plan_signature
 from blrppl.blr.starts import start_arrays
 from blrppl.errors import ModelError, needs_values_error
-from blrppl.estimators.base import FactorEstimator, PlanArrays, example_latents, q_space_examples
+from blrppl.estimators.base import FactorEstimator, PlanArrays, q_space_examples
+from blrppl.graph.concrete import example_latents, with_held_data
 from blrppl.estimators.cubature import MAX_CUBATURE_DIM
 from blrppl.estimators.select import Verdicts, choose_estimator, delta_estimator, graph_verdicts, with_verdicts
 from blrppl.families import VariableQ
@@ -214,12 +215,12 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
     subsample = None
     if plate is not None:
         subsample = Subsample(plate, _local_axes(graph, qs, plate), plate_factors)
-    held = held_data(graph, init_params)
+    held = graph.held_data
     data_static = len(held) == len(graph.data.arrays) > 0
     held = () if data_static else held
     arrays = PlanArrays(
         factors=follow_data_sharding({est.factor: est.arrays for est in estimators}, graph.data.arrays),
-        data=None if data_static else tuple(None if i in held else a for i, a in enumerate(graph.data.arrays)),
+        data=None if data_static else with_held_data(graph, held),
         starts=start_arrays(graph, qs, estimators, config.init),
         params=dict(init_params),
     )

@@ -58,7 +58,7 @@ from blrppl.blr.config import Config
 from blrppl.blr.plan import Plan, make_plan
 from blrppl.blr.starts import points_reader
 from blrppl.compile_mode import SizeDependentJit
-from blrppl.estimators.base import example_latents
+from blrppl.graph.concrete import example_latents
 from blrppl.graph import tape
 from blrppl.graph.data import ModelData, split_model_data
 from blrppl.graph.dependencies import output_dependencies

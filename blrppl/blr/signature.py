@@ -4,65 +4,20 @@ Plans with equal signatures share one compiled algorithm (``Engine.build``), so
 the signature names everything static in a plan: q's families, shapes and
 transforms, the estimators and the structure of their arrays, and the data's
 shapes, or their content where compiled code holds them as constants (a model
-that needs concrete data values while it runs: :func:`held_data`).
+that needs concrete data values while it runs: :mod:`blrppl.graph.concrete`).
 """
 
 from __future__ import annotations
 
-import warnings
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 
-from blrppl.estimators.base import example_latents
-from blrppl.graph.data import DATA_ERRORS, content_digest
-from blrppl.graph.nodes import FactorGraph
-from blrppl.graph.replay import replay
+from blrppl.graph.data import content_digest
 
 if TYPE_CHECKING:
     from blrppl.blr.plan import Plan
-
-
-def held_data(graph: FactorGraph, params: Mapping[str, Any]) -> tuple[int, ...]:
-    """The positions of the model's arrays that must stay concrete while it runs (``()``: none).
-
-    The model runs with every array abstract (as compiled code passes them); where
-    that fails, with each array abstract alone: those that fail alone are held, and
-    the others are checked abstract together (else every array is held).
-    """
-    data = graph.data
-    if not data.arrays:
-        return ()
-    values = {}
-    for v, value in example_latents(graph).items():
-        if isinstance(value, dict):  # a joint block: its member sites
-            values.update(value)
-        else:
-            values[v] = value
-
-    def traceable(positions: Sequence[int]) -> bool:
-        def run(abstract):
-            arrays = list(data.arrays)
-            for i, array in zip(positions, abstract):
-                arrays[i] = array
-            sites = replay(graph, values, params, data=arrays)
-            return [site.value for site in sites.values()]
-
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                jax.eval_shape(run, [data.arrays[i] for i in positions])
-        except DATA_ERRORS:
-            return False
-        return True
-
-    everything = tuple(range(len(data.arrays)))
-    if traceable(everything):
-        return ()
-    held = tuple(i for i in everything if not traceable((i,)))
-    rest = tuple(i for i in everything if i not in held)
-    return held if rest and traceable(rest) else everything
 
 
 def plan_signature(plan: Plan) -> tuple:

@@ -23,7 +23,7 @@ import numpyro.distributions as dist
 
 from blrppl.compile_mode import probe
 from blrppl.graph.nodes import FactorGraph
-from blrppl.graph.replay import join_chain, replay, run_model, safe_observation
+from blrppl.graph.replay import replay, safe_observation
 from blrppl.symbolic import canonical
 from blrppl.symbolic.expectation import VarInfo
 
@@ -163,23 +163,6 @@ class FactorEstimator(NamedTuple):
 def var_info(q: Any) -> VarInfo:
     """What the symbolic layer needs to know about a variable's q."""
     return VarInfo(q.family.kind, tuple(q.shape), q.num_batch, q.num_categories)
-
-
-def example_latents(graph: FactorGraph) -> dict[str, jax.Array]:
-    """A fixed value in the support of every latent variable (chains joined)."""
-    values = graph.site_values
-    if not values:  # a graph built by hand: run the model once
-        trace = run_model(graph.model, graph.model_args, graph.model_kwargs, placeholders=True).trace
-        values = {name: site["value"] for name, site in trace.items() if site["type"] == "sample"}
-    out = {}
-    for name, node in graph.variables.items():
-        if node.members:
-            out[name] = {m.name: jnp.asarray(values[m.name]) for m in node.members}
-        elif node.chain is not None:
-            out[name] = join_chain(values, node.chain)
-        else:
-            out[name] = jnp.asarray(values[name])
-    return out
 
 
 def owner(graph: FactorGraph, factor: str):

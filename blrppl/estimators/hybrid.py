@@ -25,6 +25,7 @@ import jax
 
 from blrppl.compile_mode import probe
 from blrppl.graph import tape
+from blrppl.graph.concrete import with_held_data
 from blrppl.graph.data import DATA_ERRORS
 from blrppl.estimators.base import FactorEstimator, Method, factor_log_density, owner, var_info
 from blrppl.estimators.cubature import MAX_CUBATURE_DIM
@@ -86,7 +87,9 @@ def hybrid_estimator(
         )
     except Unsupported as error:
         raise NonConjugate(uncertain[0], str(error)) from None
-    left_out = _left_out(graph, qs, conjugate, uncertain, points, example_values, symbolic) if terms.residual else None
+    left_out, closed = None, False
+    if terms.residual:
+        left_out, closed = _left_out(graph, qs, conjugate, uncertain, points, example_values, symbolic)
     needed = {p: stats_needed(terms.terms, p) for p in points + uncertain}
     if method == "auto":
         method = _auto(qs, uncertain)
@@ -113,33 +116,41 @@ def hybrid_estimator(
         (value, uncertain_grads), grads = jax.value_and_grad(conditional, has_aux=True)(layout)
         return value, {**uncertain_grads, **{v: qs[v].from_value_layout(grads[v]) for v in conjugate}}
 
-    return FactorEstimator(factor, tuple(node.neighbours), Method(conjugate, uncertain, method), estimate, terms, terms)
+    return FactorEstimator(
+        factor, tuple(node.neighbours), Method(conjugate, uncertain, method), estimate, terms, terms, closed_data=closed
+    )
 
 
-def _left_out(graph, qs, conjugate, uncertain, points, example_values, symbolic) -> Callable:
-    """``(analysis, values, params, point_layout, held, arrays) -> h(u)``: the part of log f that
+def _left_out(graph, qs, conjugate, uncertain, points, example_values, symbolic) -> tuple[Callable, bool]:
+    """``((analysis, values, params, point_layout, held, arrays) -> h(u), closed)``: the part of log f that
     the analysis left out (a normaliser of the held values U alone, such as log B(a, b) of
     ``p ~ Beta(a, b)``), as log f(c0, u) - F(T(c0), u) at a fixed point c0 of the conjugate
     neighbours (the analysis's example): log f = F(T(c), u) + h(u) with F the analysis, affine
-    in T(c), so h does not depend on c0. Differentiable in u (its site parameters), not in c."""
+    in T(c), so h does not depend on c0. Differentiable in u (its site parameters), not in c.
+    ``closed``: h reads the traced data as constants (the model needs them all as values)."""
     anchor = {v: example_values[v] for v in conjugate}
     anchor_layout = {
         v: qs[v].to_value_layout(qs[v].family.sufficient_stats(qs[v].value_to_family(jax.numpy.asarray(anchor[v]))))
         for v in conjugate
     }
-    shapes = tuple(jax.ShapeDtypeStruct(jax.numpy.shape(a), a.dtype) for a in graph.data.arrays)
-    try:  # the data as an argument, as the analysis took them (a refit's new data)
-        jax.eval_shape(lambda data: symbolic(example_values, data), shapes)
+    # The data as an argument, as the analysis took them (a refit's new data); the arrays the model
+    # needs as values (graph.held_data) are None there, constants put back by the replay.
+    closed = True  # the model needs every array as values: the traced data, as the analysis read them
+    for data in (graph.data.arrays, with_held_data(graph, graph.held_data)):
+        shapes = tuple(None if a is None else jax.ShapeDtypeStruct(jax.numpy.shape(a), a.dtype) for a in data)
+        try:
+            jax.eval_shape(lambda data: symbolic(example_values, data), shapes)
+        except DATA_ERRORS:
+            continue
         closed = False
-    except DATA_ERRORS:  # the model needs concrete data: the traced data, as the analysis read them
-        closed = True
+        break
 
     def left_out(analysis, values, params, point_layout, held, arrays):
         point = {**anchor, **{u: _constrain(qs[u], values[u]) for u in uncertain}, **{p: params[p] for p in points}}
         whole = sum(jax.numpy.sum(x) for x in jax.tree.leaves(symbolic(point, None if closed else arrays.data)))
         return whole - expected_value(analysis, {**anchor_layout, **point_layout, **held}, None)
 
-    return left_out
+    return left_out, closed
 
 
 def _constrain(q: Any, value: Any, run: Callable = lambda f: f) -> Any:

@@ -61,6 +61,7 @@ from blrppl.graph.data import DATA_ERRORS
 from blrppl.graph.jaxpr import lapack_primitives
 from blrppl.graph.nodes import FactorGraph
 from blrppl.graph.capture import arguments_only
+from blrppl.graph.concrete import with_held_data
 from blrppl.graph.replay import replay
 
 QUADRATURE_POINTS = 10
@@ -412,10 +413,15 @@ def glm_linear_predictor(graph, factor, qs, examples, transforms, fixed):
         return per_element({v: jnp.reshape(z[sl], qs[v].shape) for v, sl in zip(names, slices)}, {}, data)
 
     z0 = jnp.concatenate([jnp.ravel(jnp.asarray(examples[v], dtype=float)) for v in names])
-    try:  # the data as an input of the analysed code, so that compiled fits take them as arguments
+    # The data as inputs of the analysed code, so that compiled fits take them as arguments; the
+    # arrays the model needs as values (graph.held_data) are constants of it, held by the plan too.
+    try:
         predictor, closed = find_linear_predictor(fn, z0, graph.data.arrays), False
-    except DATA_ERRORS:  # the model needs concrete data values: analyse it with the data as constants
-        predictor, closed = find_linear_predictor(lambda z, data: fn(z, None), z0), True
+    except DATA_ERRORS:
+        try:
+            predictor, closed = find_linear_predictor(fn, z0, with_held_data(graph, graph.held_data)), False
+        except DATA_ERRORS:  # (every array needed as values: analysed with the data as constants)
+            predictor, closed = find_linear_predictor(lambda z, data: fn(z, None), z0), True
     return None if predictor is None else (predictor, names, slices, closed)
 
 

@@ -230,6 +230,14 @@ class FactorGraph:
         split once)."""
         return split_model_data(self.model_args, self.model_kwargs)
 
+    @functools.cached_property
+    def held_data(self) -> tuple[int, ...]:
+        """Positions in ``data.arrays`` of the arrays the model needs as concrete values
+        (:func:`blrppl.graph.concrete.held_data`)."""
+        from blrppl.graph.concrete import held_data
+
+        return held_data(self)
+
     def to_networkx(self) -> Any:
         """The graph as a bipartite ``networkx.Graph`` (see :mod:`blrppl.graph.networkx`)."""
         from blrppl.graph.networkx import to_networkx

@@ -21,7 +21,8 @@ from blrppl.blr.plan import param_examples
 from blrppl.engines.conjugate import ConjugateBayes
 from blrppl.engines.presets import EXACT
 from blrppl.engines.vmp import VMP
-from blrppl.estimators.base import example_latents, q_space_examples
+from blrppl.estimators.base import q_space_examples
+from blrppl.graph.concrete import example_latents
 from blrppl.estimators.select import choose_estimator
 from blrppl.graph.families import variable_q
 from blrppl.graph.trace import build_graph

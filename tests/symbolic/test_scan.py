@@ -9,7 +9,8 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.contrib.control_flow import scan
 
-from blrppl.estimators.base import example_latents, factor_log_density
+from blrppl.estimators.base import factor_log_density
+from blrppl.graph.concrete import example_latents
 from blrppl.graph.trace import build_graph
 from blrppl.symbolic.analysis import analyse
 from blrppl.symbolic.expectation import VarInfo, expected_value

@@ -39,7 +39,8 @@ from blrppl.blr.config import Config, make_config
 from blrppl.blr.integrate.options import IntegratedConfig
 from blrppl.blr.plan import Plan, joint_gaussian_blocks, make_plan, param_examples
 from blrppl.errors import ModelError
-from blrppl.estimators.base import example_latents, q_space_examples
+from blrppl.estimators.base import q_space_examples
+from blrppl.graph.concrete import example_latents
 from blrppl.estimators.select import EstimatorOptions, graph_verdicts
 from blrppl.graph import build_graph
 from blrppl.graph.families import variable_q
