@@ -174,3 +174,27 @@ def test_broad_priors_in_float32_land_on_the_posterior():
             ref_mean, ref_sd = np.asarray(refs[name]["mean"][site]), np.asarray(refs[name]["sd"][site])
             assert np.all(np.abs(np.asarray(mean) - ref_mean) / ref_sd < 0.1), (name, site)
             assert np.all(np.abs(np.sqrt(variance) / ref_sd - 1.0) < 0.2), (name, site)
+
+
+DAMPED_SCRIPT = """
+import json, jax, numpy as np
+import blrppl
+from models import ZOO
+entry = ZOO["stochastic_volatility"]
+args, kwargs = entry.data()
+r = blrppl.NonConjugateVI(entry.model).run(jax.random.key(0), 500, *args, progress_bar=False, tol=1e-6, **kwargs)
+print(json.dumps([len(r.elbo), bool(r.converged), np.asarray(r.posterior["h"].mean).tolist()]))
+"""
+
+
+def test_damped_rate_one_steps_settle_in_float32():
+    """At ρ = 1 a float32 q at its fixed point jitters by rounding and its ELBO with it (undamped:
+    500 steps without converging on the stochastic volatility model); the damping halves ρ after
+    a step that did not raise the ELBO, so the run settles and stops with float64's answer."""
+    steps, converged, means = json.loads(run_in_float32(DAMPED_SCRIPT).strip().splitlines()[-1])
+    assert converged and steps < 60
+    entry = ZOO["stochastic_volatility"]
+    args, kwargs = entry.data()
+    ref = blrppl.NonConjugateVI(entry.model).run(jax.random.key(0), 500, *args, progress_bar=False, tol=1e-10, **kwargs)
+    sd = np.sqrt(np.asarray(ref.posterior["h"].variance))
+    assert np.all(np.abs(np.asarray(means) - np.asarray(ref.posterior["h"].mean)) <= 0.01 * sd)

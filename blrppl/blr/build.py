@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from blrppl.blr import damping
+from blrppl.blr.averaging import polynomial_average, window_change
 from blrppl.blr.config import AUTO_NOISY_RATE, Config
 from blrppl.blr.elbo import elbo_terms, exact_evidence, log_joint_at_mean, mean_params, moments
 from blrppl.blr.incremental import build_store
@@ -33,9 +34,7 @@ from blrppl.blr.starts import initial_natural, placeholder_natural
 from blrppl.blr.state import BLRInfo, BLRState, InferenceAlgorithm
 from blrppl.blr.update import checked_global_update, is_valid_natural, local_update, safe_global_update, tree_sum
 from blrppl.estimators.gaussian import has_point_mass
-from blrppl.families import kl_divergence
 
-AVERAGE_POWER = 3.0
 GUARD_SLACK = 1e-3
 STRICT_GUARD_SLACK = 1e-12
 MAX_GUARD_HALVINGS = 12
@@ -97,8 +96,9 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     cubature = any(e.method.estimator == "cubature" for e in plan.estimators)
     newton = config.newton and guard and mode == "global" and not plan.init_params and not average and not cubature
     newton = newton and natural_size(qs, plan.arrays) <= MAX_NEWTON_SIZE
-    # ρ = 1 on a cubature fit: where the iteration oscillates around its fixed point, damp it.
-    damped = auto_rate and cubature and guard and mode == "global" and not average and config.blocks != "all"
+    # ρ = 1 with deterministic site parameters: where the iteration oscillates around its fixed
+    # point, damp it (one full Gaussian's strict guard keeps its ascent monotone already).
+    damped = auto_rate and guard and mode == "global" and not average and config.blocks != "all"
     exact = exact_after_one_step(plan, config, fixed_params=fixed_params)
     # Its step's ELBO is the log evidence, read off A(λ) and each factor's constant
     # (:func:`~blrppl.blr.elbo.exact_evidence`) where every E_q[log f] is affine in μ.
@@ -358,7 +358,8 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             value = jnp.where(better, candidate, value)
             stalled = None if stalled is None else stalled & ~better
         if state.damping is not None:
-            new_state = new_state._replace(damping=damping.observe(state.damping, state.natural, new_state.natural, r))
+            rose = value >= state.elbo
+            new_state = new_state._replace(damping=damping.observe(state.damping, state.natural, new_state.natural, r, rose))
         if stalled is not None and new_state.off_target is not None:
             new_state = new_state._replace(off_target=new_state.off_target | stalled)
         change = jnp.asarray(jnp.nan, value.dtype)
@@ -493,37 +494,6 @@ def _newton_start(plan: Plan, config: Config):
     return start
 
 
-def polynomial_average(running: Any, current: Any, t: jax.Array) -> Any:
-    """Polynomial-decay averaging (Shamir & Zhang 2013): weight (η + 1)/(t + η), η = 3."""
-    w = (AVERAGE_POWER + 1.0) / (t + AVERAGE_POWER)
-    return jax.tree.map(lambda a, x: (1.0 - w) * a + w * x, running, current)
-
-
-CONVERGENCE_WINDOW = 25
-
-
-def window_change(qs, state: BLRState) -> tuple[BLRState, jax.Array]:
-    """Every ``CONVERGENCE_WINDOW`` steps: how far the averaged q moved, and a new anchor.
-
-    The change is the largest KL(q̄_then ‖ q̄_now) over every block of every
-    variable (a mean shift of δ standard deviations is KL = δ²/2); +inf
-    between window ends.
-    """
-    at_end = state.step % CONVERGENCE_WINDOW == 0
-    kls = [jnp.max(kl_divergence(qs[v].family, state.anchor[v], state.average[v])) for v in qs]
-    change = jnp.max(jnp.stack(kls)) if kls else jnp.zeros(())
-    change = jnp.where(at_end, change, jnp.inf)
-    anchor = jax.tree.map(lambda a, b: jnp.where(at_end, b, a), state.anchor, state.average)
-    return state._replace(anchor=anchor), change
-
-
-def averaged(state: BLRState) -> BLRState:
-    """The state with its averaged λ as q (unchanged without averaging)."""
-    if state.average is None:
-        return state
-    return state._replace(natural=state.average)
-
-
 def default_order(plan: Plan) -> tuple[str, ...]:
     """The variables in the model's order, those summed over by a factor exact given them
     (``"exact+enumeration"``) last.
@@ -570,8 +540,7 @@ def learning_rate(plan: Plan, config: Config):
     """ρ of the fit: ``config.learning_rate``, with ``"auto"`` resolved (see :class:`Config`)."""
     if config.learning_rate != "auto":
         return config.learning_rate
-    cubature = any(e.method.estimator == "cubature" for e in plan.estimators)
-    return 1.0 if (cubature or config.blocks == "all") and _guard(plan) else AUTO_NOISY_RATE
+    return 1.0 if _guard(plan) else AUTO_NOISY_RATE
 
 
 def _average(plan: Plan, config: Config) -> bool:

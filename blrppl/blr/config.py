@@ -18,7 +18,7 @@ from blrppl.estimators.select import EstimatorOptions
 
 MODES = ("global", "local")
 AUTO_NOISY_RATE = 0.2
-"""ρ of ``learning_rate="auto"`` except on factors estimated by the cubature (there: 1, guarded)."""
+"""ρ of ``learning_rate="auto"`` where some site parameter is a Monte Carlo estimate (else 1, guarded)."""
 MAX_JOINT_SIZE = 400
 """The largest joint Gaussian block (scalars) ``joint_gaussians`` forms."""
 SCHEDULES = ("sequential", "parallel")
@@ -32,13 +32,12 @@ class Config(NamedTuple):
       schedule: ``"sequential"`` (coordinate-wise over q blocks, VMP) or
         ``"parallel"`` (every block from the same q).
       learning_rate: ρ, a float in (0, 1] or a schedule ``step -> ρ`` (steps
-        count from 1), or ``"auto"``: 1 when some factor uses the cubature
-        and every estimated site parameter is deterministic (the ELBO guard
-        then halves a step that lowers the ELBO: Newton-like steps on a
-        Gaussian process's hyperparameters; where these steps oscillate around
-        their fixed point, ρ = 1 / (1 - e) from the estimated eigenvalue e < 0,
-        :mod:`blrppl.blr.damping`), else 0.2 (with iterate averaging for Monte
-        Carlo).
+        count from 1), or ``"auto"``: 1 when every estimated site parameter
+        is deterministic (quadrature, cubature, delta: the ELBO guard then
+        halves a step that lowers the ELBO; where the steps oscillate around
+        their fixed point, ρ = 1 / (1 - e) from the estimated eigenvalue
+        e < 0, :mod:`blrppl.blr.damping`), else 0.2 (with iterate averaging
+        for Monte Carlo).
       estimators: how factors get their site parameters.
       families: site -> q family name overrides.
       blocks: joint Gaussian blocks over sites, or ``"all"``: one block over

@@ -44,7 +44,8 @@ class BLRState(NamedTuple):
         (:func:`blrppl.blr.checks.unresolved_elbo_error`). Carried by every state that
         ``init`` makes (one structure whichever algorithm of the plan steps it: EM's
         exact E-step too); None in a Newton start's own steps.
-      damping: with ``learning_rate="auto"`` on a cubature fit (ρ = 1, guarded), the
+      damping: with ``learning_rate="auto"`` where every estimated site parameter is
+        deterministic (ρ = 1, guarded; not ``blocks="all"``), the
         oscillation damping's estimate and the next step's ρ
         (:class:`blrppl.blr.damping.Damping`); else None.
     """

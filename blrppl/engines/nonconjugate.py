@@ -25,11 +25,12 @@ class NonConjugateVI(Engine):
     a conjugate factor). Latents
     whose prior has no exponential-family q (HalfCauchy, LogNormal, ...) get a
     Gaussian on the unconstrained space of their support. Steps are damped by
-    ``learning_rate`` (default ``"auto"``: 1 where a factor uses the
-    cubature and every estimated site parameter is deterministic, the ELBO
-    guard retrying a step that lowers the ELBO with ρ/2, ρ/4, ...; 0.2
-    otherwise, with iterate averaging for Monte Carlo; any constant or
-    schedule may be given) and kept in the natural parameter
+    ``learning_rate`` (default ``"auto"``: 1 where every estimated site
+    parameter is deterministic (quadrature, cubature, delta), the ELBO
+    guard retrying a step that lowers the ELBO with ρ/2, ρ/4, ..., and
+    steps that oscillate around their fixed point damped by the estimated
+    eigenvalue (:mod:`blrppl.blr.damping`); 0.2 where some are Monte Carlo,
+    with iterate averaging; any constant or schedule may be given) and kept in the natural parameter
     space by the improved BLR of Lin, Schmidt & Khan (2020). With Monte Carlo
     site parameters and ρ < 1, q at the end of a run is the polynomial-decay
     average of the iterates (``average=None``: automatic; True/False force

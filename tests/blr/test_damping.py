@@ -80,3 +80,33 @@ def test_a_gaussian_process_fit_is_damped_to_the_same_fixed_point_in_fewer_steps
         q, p = damped.posterior[site], plain.posterior[site]
         assert abs(float(q._loc - p._loc)) < 2e-3 * float(p._scale), site
         assert abs(float(q._scale / p._scale) - 1.0) < 2e-3, site
+
+
+def test_deterministic_mean_field_steps_take_rate_one_damped_to_the_same_fixed_point():
+    """Non-centred eight schools (Gauss-Hermite, mean-field): ``learning_rate="auto"`` takes ρ = 1
+    with the guard and the damping, and reaches the fixed point of ρ = 0.2 (the default before)
+    in a fraction of its steps."""
+    from models import ZOO
+
+    entry = ZOO["eight_schools_noncentered"]
+    args, kwargs = entry.data()
+
+    def fit(rate, tol):
+        engine = blrppl.NonConjugateVI(entry.model, learning_rate=rate)
+        return engine.run(jax.random.key(0), 2000, *args, progress_bar=False, tol=tol, **kwargs)
+
+    auto, slow = fit("auto", 1e-10), fit(0.2, 1e-13)
+    assert auto.state.damping is not None and slow.state.damping is None
+    assert {"quadrature"} <= set(auto.estimators.values()) and "mc" not in set(auto.estimators.values())
+    assert auto.converged and 4 * len(auto.elbo) < len(slow.elbo)
+    assert np.all(np.diff(np.asarray(auto.elbo)) >= 0)
+    # Undamped, ρ = 1 circles the fixed point: its ELBO falls on many steps and it does not converge.
+    undamped = blrppl.NonConjugateVI(entry.model, learning_rate=1.0).run(
+        jax.random.key(0), 200, *args, progress_bar=False, tol=1e-10, **kwargs
+    )
+    assert not undamped.converged and np.sum(np.diff(np.asarray(undamped.elbo)) < 0) > 50
+    for site, q in slow.posterior.items():
+        p = auto.posterior[site]
+        sd = np.sqrt(np.asarray(q.variance))
+        np.testing.assert_allclose(np.asarray(p.mean), np.asarray(q.mean), atol=1e-4 * float(np.max(sd)), err_msg=site)
+        np.testing.assert_allclose(np.sqrt(np.asarray(p.variance)), sd, rtol=1e-4, err_msg=site)
