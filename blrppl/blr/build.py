@@ -540,7 +540,13 @@ def learning_rate(plan: Plan, config: Config):
     """ρ of the fit: ``config.learning_rate``, with ``"auto"`` resolved (see :class:`Config`)."""
     if config.learning_rate != "auto":
         return config.learning_rate
-    return 1.0 if _guard(plan) else AUTO_NOISY_RATE
+    if not _guard(plan):
+        return AUTO_NOISY_RATE
+    # ρ = 1 where the damping runs (global mode), with the cubature and with one full Gaussian
+    # (its strict guard); local mode's undamped ρ = 1 circles mean-field optima (eight schools).
+    cubature = any(e.method.estimator == "cubature" for e in plan.estimators)
+    damped = config.mode == "global" and config.average is not True
+    return 1.0 if cubature or config.blocks == "all" or damped else AUTO_NOISY_RATE
 
 
 def _average(plan: Plan, config: Config) -> bool:

@@ -34,9 +34,10 @@ class Config(NamedTuple):
       learning_rate: ρ, a float in (0, 1] or a schedule ``step -> ρ`` (steps
         count from 1), or ``"auto"``: 1 when every estimated site parameter
         is deterministic (quadrature, cubature, delta: the ELBO guard then
-        halves a step that lowers the ELBO; where the steps oscillate around
-        their fixed point, ρ = 1 / (1 - e) from the estimated eigenvalue
-        e < 0, :mod:`blrppl.blr.damping`), else 0.2 (with iterate averaging
+        halves a step that lowers the ELBO; in global mode, where the steps
+        oscillate around their fixed point, ρ = 1 / (1 - e) from the estimated
+        eigenvalue e < 0, :mod:`blrppl.blr.damping`; in local mode only with
+        the cubature or ``blocks="all"``), else 0.2 (with iterate averaging
         for Monte Carlo).
       estimators: how factors get their site parameters.
       families: site -> q family name overrides.

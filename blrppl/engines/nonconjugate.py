@@ -29,8 +29,9 @@ class NonConjugateVI(Engine):
     parameter is deterministic (quadrature, cubature, delta), the ELBO
     guard retrying a step that lowers the ELBO with ρ/2, ρ/4, ..., and
     steps that oscillate around their fixed point damped by the estimated
-    eigenvalue (:mod:`blrppl.blr.damping`); 0.2 where some are Monte Carlo,
-    with iterate averaging; any constant or schedule may be given) and kept in the natural parameter
+    eigenvalue (:mod:`blrppl.blr.damping`; in local mode, which is not
+    damped, only with the cubature or ``blocks="all"``); 0.2 where some are
+    Monte Carlo, with iterate averaging; any constant or schedule may be given) and kept in the natural parameter
     space by the improved BLR of Lin, Schmidt & Khan (2020). With Monte Carlo
     site parameters and ρ < 1, q at the end of a run is the polynomial-decay
     average of the iterates (``average=None``: automatic; True/False force

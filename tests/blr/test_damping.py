@@ -110,3 +110,17 @@ def test_deterministic_mean_field_steps_take_rate_one_damped_to_the_same_fixed_p
         sd = np.sqrt(np.asarray(q.variance))
         np.testing.assert_allclose(np.asarray(p.mean), np.asarray(q.mean), atol=1e-4 * float(np.max(sd)), err_msg=site)
         np.testing.assert_allclose(np.sqrt(np.asarray(p.variance)), sd, rtol=1e-4, err_msg=site)
+
+
+def test_local_mode_keeps_its_damped_rate_where_the_damping_does_not_run():
+    """Eq. 60 (local mode) is not damped: its ``"auto"`` rate stays 0.2 outside the cubature, since an
+    undamped ρ = 1 circles non-centred eight schools' mean-field optimum without converging."""
+    from models import ZOO
+
+    entry = ZOO["eight_schools_noncentered"]
+    args, kwargs = entry.data()
+    local = blrppl.NonConjugateVI(entry.model, mode="local").run(
+        jax.random.key(0), 300, *args, progress_bar=False, tol=1e-8, **kwargs
+    )
+    assert local.state.damping is None and local.converged
+    assert np.all(np.diff(np.asarray(local.elbo)) >= 0)
