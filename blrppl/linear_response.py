@@ -408,11 +408,25 @@ def _ratios(hessian: jax.Array, entries: list) -> tuple:
     return definite, jnp.stack(ratios)
 
 
+UNCHECKED_FLAG = "the spread of mean-field q could not be checked by linear response: "
+"""How the flag of a check that found no Gaussian reading at q's mean begins."""
+
+
 def understated_spread_flag(found: Optional[SpreadLeftOut]) -> tuple[str, ...]:
     """A flag where mean-field q's sd is :data:`UNDERSTATED_SD` or more times too small by
-    linear response (module docstring); else ``()``."""
-    if found is None or not found.definite:
+    linear response (module docstring), or where the check could not be made (-∇² log p at
+    q's mean not positive definite: numpyro's baseball example with a logit link, whose
+    mean-field sds of the population location and scale are half of NUTS's); else ``()``."""
+    if found is None:
         return ()
+    if not found.definite:
+        return (
+            f"{UNCHECKED_FLAG}the log density's curvature at q's mean is not positive definite "
+            f"(over {sorted(found.ratio)[:4]}), so how much the correlation that mean-field leaves out "
+            "widens their posterior is unknown; mean-field sds of coupled latents (a hierarchy's "
+            "location and scale) can be several times too small: compare with "
+            "NonConjugateVI(model, blocks='all') or MCMC",
+        )
     worst = {v: r for v, r in found.ratio.items() if r >= UNDERSTATED_SD}
     if not worst:
         return ()

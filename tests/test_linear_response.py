@@ -230,3 +230,32 @@ def test_a_pairing_the_learnt_pattern_lacks_falls_back_to_the_full_reading_and_i
     assert check._relearned == 1 and check._sparse is not None
     np.testing.assert_allclose([found.ratio[n] for n in check.names], full, rtol=1e-10)
     assert full.max() > 2 * UNDERSTATED_SD and any("understates the posterior spread of 'mu'" in f for f in refit.flags)
+
+
+def _baseball_logit(at_bats, hits=None):
+    """numpyro's ``examples/baseball.py`` ``partially_pooled_with_logit``, as written there."""
+    loc = numpyro.sample("loc", dist.Normal(-1, 1))
+    scale = numpyro.sample("scale", dist.HalfCauchy(1))
+    num_players = at_bats.shape[0]
+    with numpyro.plate("num_players", num_players):
+        alpha = numpyro.sample("alpha", dist.Normal(loc, scale))
+        return numpyro.sample("obs", dist.Binomial(at_bats, logits=alpha), obs=hits)
+
+
+def test_a_check_that_finds_no_gaussian_reading_says_the_spread_is_unchecked():
+    """At mean-field q's mean of the baseball model the log density's curvature is indefinite
+    (the funnel of loc, scale and alpha): linear response has nothing to compare, and q's sds of
+    loc and scale are 0.5 and 0.4 of NUTS's. The fit says its spread is unchecked, not nothing."""
+    from blrppl.linear_response import UNCHECKED_FLAG
+
+    rng = np.random.default_rng(7)
+    at_bats = jnp.full(18, 45.0)
+    hits = jnp.asarray(rng.binomial(45, rng.beta(27, 73, 18)), float)
+    result = blrppl.NonConjugateVI(_baseball_logit).run(jax.random.key(0), 500, at_bats, hits=hits, progress_bar=False, tol=1e-8)
+    found = spread_left_out(result.plan, result.state.natural, result.state.params)
+    assert found is not None and not found.definite
+    assert any(flag.startswith(UNCHECKED_FLAG) for flag in result.flags)
+    joint = blrppl.NonConjugateVI(_baseball_logit, blocks="all").run(
+        jax.random.key(0), 500, at_bats, hits=hits, progress_bar=False, tol=1e-8
+    )
+    assert not any(flag.startswith(UNCHECKED_FLAG) for flag in joint.flags)
