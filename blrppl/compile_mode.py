@@ -14,10 +14,10 @@ once per fit (starts, the posterior's distributions) take the cheap settings
 up to ``ONE_SHOT_BYTES``. Larger data on a CPU compile with ``BALANCED_CPU_OPTIONS``
 (XLA's defaults less the fusion emitters, at LLVM level 2: compiled sooner, run about
 as fast), accelerators with XLA's defaults. A step loop over larger data still takes the cheap settings where its
-run is short: XLA's count of operations per step (the lowered program's cost
-analysis) times the steps asked for is within ``LOOP_FLOP_BUDGET`` (a
-hierarchical GLM on a thousand rows, 200 steps; not a chain's loop, whose passes over
-its length the count cannot see). The choice depends only on the data's shapes,
+run is short: its count of operations per step (:func:`blrppl.flops.jaxpr_flops`,
+on the traced program, by XLA's conventions) times the steps asked for is within
+``LOOP_FLOP_BUDGET`` (a hierarchical GLM on a thousand rows, 200 steps; not a
+chain's loop, whose passes over its length the count sees once). The choice depends only on the data's shapes,
 the device and that step count (rounded up to a power of two), so a fit is
 reproducible bit for bit. Planning's evaluations of the
 model's code run as one program each (:func:`probe`) or not at all
@@ -44,6 +44,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 import jax
 import numpy as np
 
+from blrppl.flops import jaxpr_flops
+
 FAST_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
 """XLA:CPU compiler options that trade run time for compile time (2-4x less compile time
 on blrppl's programs; the fusion emitters alone give 1.3-1.8x, the optimisation level most of the rest).
@@ -63,9 +65,10 @@ SMALL_DATA_BYTES = 1 << 16
 
 LOOP_FLOP_BUDGET = 2e9
 """A step loop over more data than ``SMALL_DATA_BYTES`` still compiles with ``FAST_CPU_OPTIONS``
-when its estimated work, XLA's count of floating-point operations per step (the lowered
-program's cost analysis) times the steps asked for (rounded up to a power of two), is at
-most this. Measured on 2 cores: the cheap loop of a GLM or a quadrature likelihood runs
+when its estimated work, the floating-point operations of a step (:func:`blrppl.flops.jaxpr_flops`:
+within 0.7-1.9x of XLA's own cost analysis on the zoo's loops, which it replaced: that
+lowered the program once more, 0.1-0.15 s of a first call) times the steps asked for
+(rounded up to a power of two), is at most this. Measured on 2 cores: the cheap loop of a GLM or a quadrature likelihood runs
 0.08-0.22 ms slower per million operations of a step and compiles 1-1.6 s sooner, so at
 this budget it costs at most about 0.5 s of run time for a second or more of compilation
 saved (a hierarchical logistic regression on 600 rows: first call 2.5 -> 1.7 s)."""
@@ -221,9 +224,9 @@ class SizeDependentJit:
     the choice); ``one_shot``: a program run once per fit (bound ``ONE_SHOT_BYTES``).
     ``loop``: the program is a step loop, and ``loop(args)`` says whether its
     cost decides where its data are larger (within :func:`planned_steps`, mode
-    "auto", on a CPU; ``LOOP_FLOP_BUDGET``): an estimate from its lowering (traced
-    and lowered once, for both variants: JAX shares them), made once per static
-    arguments, shapes and step count. Both variants are ordinary ``jax.jit``
+    "auto", on a CPU; ``LOOP_FLOP_BUDGET``): a count on its jaxpr (traced once for
+    every variant: JAX shares the trace), made once per static arguments, shapes
+    and step count. Both variants are ordinary ``jax.jit``
     functions (each with its own cache), so a program is compiled once per
     variant, static arguments and shapes. Called inside another trace, it is
     the plain variant (its code becomes part of the outer program).
@@ -296,7 +299,7 @@ class SizeDependentJit:
         decision = self._cheap_loops.get(key)
         if decision is None:
             try:
-                flops = float(self.optimized.trace(*args).lower().cost_analysis().get("flops", math.inf))
+                flops = jaxpr_flops(self.optimized.trace(*args).jaxpr)  # the trace is every variant's
             except Exception:  # noqa: BLE001 - no estimate: XLA's defaults, as for any large data
                 flops = math.inf
             decision = flops * steps <= LOOP_FLOP_BUDGET

@@ -332,7 +332,7 @@ def _chunk(algorithm, arrays, state, buffer, start, stop, previous, hits, thresh
 def _costed(algorithm: InferenceAlgorithm) -> bool:
     """Whether a loop of ``algorithm`` may compile cheaply by its estimated work over larger data
     (``compile_mode.LOOP_FLOP_BUDGET``): not where some q is a chain, whose passes are loops over
-    its length that XLA's cost analysis counts once (an HMM over 10,000 steps would look cheap)."""
+    its length that the operation count sees once (an HMM over 10,000 steps would look cheap)."""
     return not getattr(algorithm, "chained", True)
 
 
