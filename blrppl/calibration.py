@@ -10,7 +10,7 @@ biased mean), honestly.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, Mapping, NamedTuple, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -41,22 +41,26 @@ class Calibration(NamedTuple):
     def chi_square(self, num_bins: int = 10) -> dict:
         """Per site: the p-value of a chi-square test that the ranks are uniform.
 
-        The ranks of every scalar component of a site are binned into
+        The ranks of each scalar component of a site are binned into
         ``num_bins`` equal bins (``num_draws + 1`` must be a multiple) and
-        pooled across components. A small p-value says q is miscalibrated.
+        tested apart; a site with k components reports ``min(1, k * min p)``
+        (Bonferroni), valid however its components' ranks depend on each
+        other (a regression's correlated coefficients: summing their
+        statistics as independent would make the p-value too small). A small
+        p-value says q is miscalibrated.
         """
         if (self.num_draws + 1) % num_bins:
             raise ValueError(f"num_draws + 1 = {self.num_draws + 1} is not a multiple of num_bins = {num_bins}.")
         out = {}
         for site, ranks in self.ranks.items():
             flat = np.asarray(ranks).reshape(ranks.shape[0], -1)
-            stats = []
+            pvalues = []
             for column in flat.T:
                 counts = np.bincount(column * num_bins // (self.num_draws + 1), minlength=num_bins)
                 expected = len(column) / num_bins
-                stats.append(float(np.sum((counts - expected) ** 2) / expected))
-            df = len(stats) * (num_bins - 1)
-            out[site] = float(jax.scipy.special.gammaincc(df / 2.0, sum(stats) / 2.0))
+                stat = float(np.sum((counts - expected) ** 2) / expected)
+                pvalues.append(float(jax.scipy.special.gammaincc((num_bins - 1) / 2.0, stat / 2.0)))
+            out[site] = min(1.0, len(pvalues) * min(pvalues))
         return out
 
     def plot(self, path: Optional[str] = None, num_bins: int = 10) -> Any:
@@ -91,7 +95,7 @@ def simulation_based_calibration(
     rng_key: jax.Array,
     num_datasets: int,
     *model_args: Any,
-    observed: Sequence[str],
+    observed: Union[Sequence[str], Mapping[str, str]],
     num_steps: int = 500,
     num_draws: int = 99,
     tol: Optional[float] = 1e-8,
@@ -106,8 +110,10 @@ def simulation_based_calibration(
       *model_args, **model_kwargs: the model's arguments (covariates, sizes);
         those named in ``observed`` are simulated.
       observed: the keyword arguments that hold observed sites of the same
-        name (numpyro's ``obs=y`` convention): each is set to None to simulate
-        it, then to the simulated values to fit.
+        name (``observed=("y",)`` for ``numpyro.sample("y", ..., obs=y)``), or a
+        mapping from keyword argument to site (``{"y": "obs"}`` for
+        ``numpyro.sample("obs", ..., obs=y)``): each is set to None to simulate
+        its site, then to the simulated values to fit.
       num_steps, tol: for each fit.
       num_draws: draws from each q to rank the true value among.
 
@@ -115,17 +121,19 @@ def simulation_based_calibration(
       A :class:`Calibration`.
     """
     sim_key, fit_key, draw_key = jax.random.split(rng_key, 3)
-    simulate_kwargs = {**model_kwargs, **{name: None for name in observed}}
+    sites = dict(observed) if isinstance(observed, Mapping) else {name: name for name in _names(observed)}
+    simulate_kwargs = {**model_kwargs, **{argument: None for argument in sites}}
     prior = Predictive(engine.model, num_samples=num_datasets)(sim_key, *model_args, **simulate_kwargs)
-    missing = [name for name in observed if name not in prior]
+    missing = [site for site in sites.values() if site not in prior]
     if missing:
         raise ModelError(
-            f"site {missing[0]!r}: observed names a keyword argument that is not a sample site of the model; "
-            "name the keyword arguments whose values are observed sites of the same name."
+            f"site {missing[0]!r}: observed names a sample site that the model does not have; name the keyword "
+            "arguments whose values are observed sites of the same name, or map each to its site "
+            "(observed={'y': 'obs'} for numpyro.sample('obs', ..., obs=y))."
         )
     batched_args = jax.tree.map(lambda a: _broadcast(a, num_datasets), model_args)
-    batched_kwargs = {k: _broadcast(v, num_datasets) for k, v in model_kwargs.items() if k not in observed}
-    batched_kwargs.update({name: np.asarray(prior[name]) for name in observed})
+    batched_kwargs = {k: _broadcast(v, num_datasets) for k, v in model_kwargs.items() if k not in sites}
+    batched_kwargs.update({argument: np.asarray(prior[site]) for argument, site in sites.items()})
     batch = engine.run_batched(fit_key, num_steps, *batched_args, tol=tol, **batched_kwargs)
     latents = [s for s in batch[0].plan.graph.variables if s in prior]
     failed = tuple(int(i) for i in np.flatnonzero(batch.failed))
@@ -142,6 +150,10 @@ def simulation_based_calibration(
             truth = jnp.asarray(prior[site][i])
             ranks[site].append(np.asarray(jnp.sum(draws[site] < truth, axis=0)))
     return Calibration({s: np.stack(r) for s, r in ranks.items()}, num_draws, batch, failed)
+
+
+def _names(observed: Union[str, Sequence[str]]) -> tuple:
+    return (observed,) if isinstance(observed, str) else tuple(observed)
 
 
 def _broadcast(value: Any, size: int) -> Any:

@@ -57,6 +57,27 @@ def test_batches_need_a_common_leading_axis(rng_key):
         blrppl.VMP(entry.model).run_batched(rng_key, 5, X, y=y)
 
 
+def test_shared_arguments_are_named_not_broadcast(rng_key):
+    """shared=(...) names the arguments every data set shares (by position or keyword): the
+    same fits as with those arrays broadcast by hand; a name that is no argument is an error."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(15, 3))
+    ys = X @ rng.normal(size=(4, 3)).T + 0.5 * rng.normal(size=(15, 4))
+    engine = blrppl.ConjugateBayes(ridge)
+    by_hand = engine.run_batched(rng_key, 5, np.broadcast_to(X, (4,) + X.shape), y=ys.T)
+    named = engine.run_batched(rng_key, 5, X, y=ys.T, shared=("X",))
+    keyword = engine.run_batched(rng_key, 5, X=X, y=ys.T, shared="X")
+    for batch in (named, keyword):
+        assert len(batch) == 4
+        for i in range(4):
+            np.testing.assert_allclose(batch[i].posterior["beta"].mean, by_hand[i].posterior["beta"].mean, rtol=1e-12)
+            np.testing.assert_allclose(batch[i].elbo, by_hand[i].elbo, rtol=1e-12)
+    with pytest.raises(blrppl.ModelError, match="shared names 'Z'.*its arguments: X, y"):
+        engine.run_batched(rng_key, 5, X, y=ys.T, shared=("Z",))
+    with pytest.raises(blrppl.ModelError, match="leading batch axis.*shared="):  # nothing left to batch
+        engine.run_batched(rng_key, 5, X, y=ys[:, 0], shared=("X", "y"))
+
+
 @pytest.mark.parametrize(
     "model, args, kwargs",
     [
@@ -82,6 +103,31 @@ def test_the_chi_square_test_detects_miscalibration():
     uniform = rng.integers(0, 100, 200)
     p = Calibration({"narrow": too_narrow, "fine": uniform}, 99, None).chi_square()
     assert p["narrow"] < 1e-10 and p["fine"] > 0.01
+
+
+def test_dependent_components_do_not_make_a_calibrated_site_look_miscalibrated():
+    """A site whose components' ranks move together (correlated coefficients) is tested per
+    component (Bonferroni): five copies of one column (p = 0.11 alone) give p = 5 x 0.11, where
+    summing their statistics as independent gave 0.007."""
+    column = np.repeat(np.arange(10) * 10, 20)  # 200 ranks, 20 per bin
+    column[20:32] = 95  # 12 of bin 1's ranks in bin 9: chi-square 14.4 on 9 degrees of freedom
+    p_alone = Calibration({"x": column}, 99, None).chi_square()["x"]
+    p_copies = Calibration({"x": np.stack([column] * 5, axis=1)}, 99, None).chi_square()["x"]
+    assert 0.01 < p_alone < 0.2 and p_copies == pytest.approx(min(1.0, 5 * p_alone))
+
+
+def test_observed_maps_an_argument_to_a_site_of_another_name(rng_key):
+    def model(num_obs=10, y=None):
+        mu = numpyro.sample("mu", dist.Normal(1.0, 2.0))
+        with numpyro.plate("N", num_obs):
+            numpyro.sample("obs", dist.Normal(mu, 0.7), obs=y)
+
+    calibration = simulation_based_calibration(
+        blrppl.ConjugateBayes(model), rng_key, 20, observed={"y": "obs"}, num_steps=5, num_obs=10
+    )
+    assert set(calibration.ranks) == {"mu"} and calibration.ranks["mu"].shape == (20,)
+    with pytest.raises(blrppl.ModelError, match="site 'y'.*observed=\\{'y': 'obs'\\}"):
+        simulation_based_calibration(blrppl.ConjugateBayes(model), rng_key, 4, observed=("y",), num_obs=10)
 
 
 def halfnormal_scale(y=None):

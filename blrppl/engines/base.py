@@ -10,7 +10,7 @@ neither traces the step nor compiles it again.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -301,11 +301,14 @@ class Engine:
         tol: Optional[float] = None,
         progress_bar: bool = False,
         num_restarts: Optional[int] = None,
+        shared: Sequence[str] = (),
         **model_kwargs: Any,
     ) -> BatchResult:
         """Fit B data sets in one compiled, vmapped run (see :mod:`blrppl.engines.batch`).
 
-        Every array argument carries a leading axis B (broadcast shared arrays);
+        Every array argument carries a leading axis B, but those named in
+        ``shared`` (the model's parameter names, e.g. ``shared=("X",)`` for a
+        design matrix every data set shares: broadcast, each reads the same);
         data set i runs with key ``fold_in(rng_key, i)`` (data set 0 with
         ``rng_key``), from ``num_restarts`` starts as :meth:`run` (None: its
         default, ``DEFAULT_RESTARTS`` for discrete latents, else 1), and stops
@@ -317,7 +320,7 @@ class Engine:
         """
         return run_batched(
             self, rng_key, num_steps, model_args, model_kwargs, tol=tol, progress_bar=progress_bar,
-            num_restarts=num_restarts,
+            num_restarts=num_restarts, shared=shared,
         )
 
     def load(self, path: Any, *model_args: Any, **model_kwargs: Any) -> BLRResult:

@@ -20,7 +20,8 @@ member gets the checks of its own run; one whose fit fails is flagged
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+import inspect
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -46,10 +47,63 @@ def batch_size(model_args: tuple, model_kwargs: dict) -> int:
         shapes = ", ".join(f"{name} {shape}" for name, shape in _array_shapes(model_args, model_kwargs)) or "none"
         raise ModelError(
             "run_batched needs every array argument of the model with the same leading batch axis B (one "
-            f"entry per data set); got {shapes}; stack the data sets on a new first axis (np.stack), "
-            "broadcasting shared arrays (np.broadcast_to(X, (B,) + X.shape))."
+            f"entry per data set); got {shapes}; stack the data sets on a new first axis (np.stack), and "
+            "name the arguments that every data set shares in shared=(...) (or broadcast them: "
+            "np.broadcast_to(X, (B,) + X.shape))."
         )
     return sizes.pop()
+
+
+def broadcast_shared(model: Callable, model_args: tuple, model_kwargs: dict, shared: Sequence[str]) -> tuple[tuple, dict]:
+    """The arguments with those named in ``shared`` (the model's own parameter names, passed
+    by position or keyword) broadcast to the batch's leading axis B, read from the others:
+    read-only numpy views, each data set reading the same values.
+
+    Raises:
+      ModelError: where a name is not an argument of this call, or nothing is left to batch.
+    """
+    shared = (shared,) if isinstance(shared, str) else tuple(shared)
+    if not shared:
+        return tuple(model_args), dict(model_kwargs)
+    positions = _positional_names(model)
+    args, kwargs = list(model_args), dict(model_kwargs)
+    where = {}
+    for name in shared:
+        if name in kwargs:
+            where[name] = name
+        elif name in positions and positions.index(name) < len(args):
+            where[name] = positions.index(name)
+        else:
+            given = [positions[i] if i < len(positions) else f"argument {i}" for i in range(len(args))] + list(kwargs)
+            raise ModelError(
+                f"shared names {name!r}, which is not an argument of this call of the model (its arguments: "
+                f"{', '.join(map(str, given)) or 'none'}); name the model's own parameters, as in its signature."
+            )
+    rest_args = tuple(None if i in where.values() else a for i, a in enumerate(args))
+    rest_kwargs = {k: v for k, v in kwargs.items() if k not in where.values()}
+    size = batch_size(rest_args, rest_kwargs)
+
+    def broadcast(leaf: Any) -> Any:
+        if isinstance(leaf, (np.ndarray, jax.Array)):
+            return np.broadcast_to(np.asarray(leaf), (size,) + np.shape(leaf))
+        return leaf
+
+    for place in where.values():
+        if isinstance(place, str):
+            kwargs[place] = jax.tree.map(broadcast, kwargs[place])
+        else:
+            args[place] = jax.tree.map(broadcast, args[place])
+    return tuple(args), kwargs
+
+
+def _positional_names(model: Callable) -> list[str]:
+    """The names of the model's parameters that can be passed by position, in order."""
+    try:
+        parameters = inspect.signature(model).parameters.values()
+    except (TypeError, ValueError):  # a callable without a signature: keywords only
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in parameters if p.kind in kinds]
 
 
 def _array_shapes(model_args: tuple, model_kwargs: dict) -> list[tuple[str, tuple]]:
@@ -80,11 +134,14 @@ def run_batched(
     tol: Any = None,
     progress_bar: bool = False,
     num_restarts: Optional[int] = None,
+    shared: Sequence[str] = (),
 ) -> BatchResult:
     """Fit every data set of a batch with ``engine`` in one compiled, vmapped run (``num_restarts``:
-    as ``run``'s, each data set's restarts in the same run; None: ``run``'s default)."""
+    as ``run``'s, each data set's restarts in the same run; None: ``run``'s default; ``shared``:
+    arguments every data set shares, without the batch axis, :func:`broadcast_shared`)."""
     if num_restarts is not None and (int(num_restarts) != num_restarts or num_restarts < 1):
         raise ValueError(f"num_restarts must be a positive integer, got {num_restarts}.")
+    model_args, model_kwargs = broadcast_shared(engine.model, model_args, model_kwargs, shared)
     size = batch_size(model_args, model_kwargs)
     plans: list = [None] * size
     fast, stacked = (), None
