@@ -11,7 +11,8 @@ a plate with ``subsample_size``        ``SVI``             minibatches: local ρ
 ``numpyro.param`` sites, every         ``EM``              exact E-step, point estimates by
 factor conjugate                                           M-steps (the delta method)
 every factor conjugate, each on one    ``ConjugateBayes``  the posterior is in q's family: one
-q block                                                    ρ = 1 step is exact
+q block (Gaussian latents that share                       ρ = 1 step is exact
+a factor in one joint block)
 every factor conjugate                 ``VMP``             exact site parameters, coordinate
                                                            ascent over mean-field blocks
 a Monte Carlo factor coupling a few   ``NonConjugateVI``  one full Gaussian over the latents of
@@ -35,7 +36,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional
 import numpy as np
 
 from blrppl.blr.fallback import monte_carlo_edges, monte_carlo_exp_families
-from blrppl.blr.plan import nonconjugate_block
+from blrppl.blr.plan import joint_gaussian_blocks, nonconjugate_block
 from blrppl.engines.base import Engine
 from blrppl.engines.blr import BLR
 from blrppl.engines.conjugate import ConjugateBayes
@@ -75,6 +76,9 @@ class Facts(NamedTuple):
         block: conjugate Bayes is exact), or None.
       not_in_family: why it does not, or None.
       model, args, kwargs: the model and its arguments.
+      joint: ``ConjugateBayes``'s plan where joint Gaussian blocks (latents on the real line
+        that share a factor: a regression's intercept and slopes) put the posterior in q's
+        family though mean-field blocks do not, else None.
     """
 
     graph: FactorGraph
@@ -87,6 +91,7 @@ class Facts(NamedTuple):
     model: Callable
     args: tuple
     kwargs: dict
+    joint: Any = None
 
 
 class Rule(NamedTuple):
@@ -138,8 +143,14 @@ def _em(facts: Facts) -> Optional[str]:
 
 
 def _conjugate_bayes(facts: Facts) -> Optional[str]:
-    if facts.params or facts.in_family is None:
+    if facts.params or (facts.in_family is None and facts.joint is None):
         return None
+    if facts.in_family is None:
+        joined = [v for v, q in facts.joint.qs.items() if q.joint]
+        return (
+            f"{_conjugate(facts)} and every factor touches one q block once the Gaussian latents that share "
+            f"a factor form joint blocks ({', '.join(map(repr, joined))}): one step is the exact posterior"
+        )
     return f"{_conjugate(facts)} and {facts.in_family}: one step is the exact posterior"
 
 
@@ -262,10 +273,19 @@ def facts_of(model: Callable, args: tuple, kwargs: dict) -> Facts:
         if edge.conjugate is not True and f not in summed
     )
     nonconjugate = tuple(sorted(nonconjugate, key=lambda e: graph.factors[e[0]].kind == "prior"))  # likelihoods first
-    in_family, not_in_family = None, None
+    in_family, not_in_family, joint = None, None, None
     if not nonconjugate:
         in_family, not_in_family = posterior_in_family(plan)
-    return Facts(graph, plan, (), tuple(graph.params), nonconjugate, in_family, not_in_family, model, args, dict(kwargs))
+    if in_family is None and not nonconjugate and not graph.params and joint_gaussian_blocks(graph, list(graph.variables)):
+        try:
+            joint = ConjugateBayes(model).plan(*args, **kwargs)
+        except ModelError:
+            joint = None
+        if joint is not None and posterior_in_family(joint)[0] is None:
+            joint = None
+    return Facts(
+        graph, plan, (), tuple(graph.params), nonconjugate, in_family, not_in_family, model, args, dict(kwargs), joint
+    )
 
 
 def posterior_in_family(plan: Any) -> tuple[Optional[str], Optional[str]]:
@@ -311,6 +331,8 @@ def choose(model: Callable, *args: Any, **kwargs: Any) -> Choice:
                 if fallback is not None:
                     return fallback
             plan = facts.plan if rule.engine in REUSES_PLAN and not rule.options else None
+            if rule.engine == "ConjugateBayes" and facts.in_family is None:
+                plan = facts.joint
             return Choice(ENGINES[rule.engine](model, **rule.options), rule.engine, (reason,), plan)
     raise ModelError(  # unreachable with the rules above: the last one always applies
         f"site {getattr(model, '__name__', 'model')!r}: no engine rule applies; pass --algorithm."

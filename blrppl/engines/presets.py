@@ -87,6 +87,7 @@ def conjugate_bayes(*, mode: str = "global", families: Optional[Mapping[str, str
         families=families or {},
         posterior_in_family=True,
         point_params=False,
+        joint_gaussians=True,
     )
 
 

@@ -74,6 +74,45 @@ def test_with_tol_the_exact_step_is_its_own_fixed_point():
     np.testing.assert_array_equal(every.elbo, stopped.elbo[0])
 
 
+def regression_with_intercept(X, y=None):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    b = numpyro.sample("b", dist.Normal(0.0, 2.0))
+    numpyro.sample("y", dist.Normal(X @ w + b, 0.3), obs=y)
+
+
+def known_scales(sigma, y=None):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    with numpyro.plate("J", sigma.shape[0]):
+        theta = numpyro.sample("theta", dist.Normal(mu, 2.0))
+        numpyro.sample("y", dist.Normal(theta, sigma), obs=y)
+
+
+def test_gaussian_latents_sharing_a_factor_form_one_exact_joint_block():
+    """A regression's intercept and slopes (uncentred columns: strongly correlated), and a
+    hierarchy of means with known scales: one joint Gaussian block each, the exact posterior
+    (moments and log evidence by dense conditioning) in one step; `choose` picks it."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(3.0, 1.0, size=(25, 3))
+    y = X @ np.array([1.0, -1.0, 0.5]) + 0.7 + 0.3 * rng.normal(size=25)
+    result = run(regression_with_intercept, X, y=y)
+    design = np.hstack([X, np.ones((25, 1))])
+    cov = np.linalg.inv(design.T @ design / 0.09 + np.diag([1.0, 1.0, 1.0, 0.25]))
+    mean = cov @ design.T @ y / 0.09
+    post = result.posterior
+    np.testing.assert_allclose(np.append(post["w"].mean, post["b"].loc), mean, rtol=1e-9)
+    np.testing.assert_allclose(np.append(np.diag(post["w"].covariance_matrix), post["b"].scale**2), np.diag(cov), rtol=1e-9)
+    marginal = jax.scipy.stats.multivariate_normal.logpdf(y, np.zeros(25), 0.09 * np.eye(25) + design @ np.diag([1.0, 1, 1, 4]) @ design.T)
+    assert np.allclose(result.elbo[-1], marginal, rtol=1e-10)
+    choice = blrppl.choose(regression_with_intercept, X, y=y)
+    assert choice.name == "ConjugateBayes" and "joint blocks ('w+b')" in choice.reasons[0]
+
+    sigma, y = np.array([15.0, 10, 16, 11, 9, 11, 10, 18]), np.array([28.0, 8, -3, 7, -1, 1, 18, 12])
+    result = run(known_scales, sigma, y=y)
+    evidence = jax.scipy.stats.multivariate_normal.logpdf(y, np.zeros(8), np.diag(sigma**2 + 4.0) + 25.0)
+    assert np.allclose(result.elbo[-1], evidence, rtol=1e-10) and result.flags == ()
+    assert blrppl.choose(known_scales, sigma, y=y).name == "ConjugateBayes"
+
+
 @pytest.mark.parametrize("name", ["normal_mean_precision", "linear_regression", "gaussian_mixture"])
 def test_models_outside_the_family_point_to_vmp(name):
     entry = ZOO[name]
