@@ -14,7 +14,9 @@ every factor conjugate, each on one    ``ConjugateBayes``  the posterior is in q
 q block (Gaussian latents that share                       ρ = 1 step is exact
 a factor in one joint block)
 every factor conjugate                 ``VMP``             exact site parameters, coordinate
-                                                           ascent over mean-field blocks
+                                       (``blocks=          ascent over mean-field blocks, the
+                                       "gaussian"``)       Gaussian latents that share a factor
+                                                           joined
 a Monte Carlo factor coupling a few   ``NonConjugateVI``  one full Gaussian over the latents of
 continuous latents (at most            ``(blocks="all")``  the non-conjugate factors: mean-field
 ``MAX_DEFAULT_JOINT`` scalars)                             drops their posterior correlation, and
@@ -161,6 +163,15 @@ def _vmp(facts: Facts) -> Optional[str]:
     return f"{reason}; {facts.not_in_family or 'the posterior is not in the family'}: coordinate ascent"
 
 
+def _vmp_joint(facts: Facts) -> Optional[str]:
+    reason = _vmp(facts)
+    groups = joint_gaussian_blocks(facts.graph, list(facts.graph.variables)) if reason is not None else []
+    if not groups:
+        return None
+    joined = ", ".join("+".join(group) for group in groups)
+    return f"{reason} with the Gaussian latents that share a factor in joint blocks ({joined}): their correlation kept"
+
+
 def _joint_block(facts: Facts) -> Optional[str]:
     if not facts.nonconjugate or facts.plan is None or facts.params:
         return None
@@ -218,6 +229,7 @@ RULES: tuple[Rule, ...] = (
     Rule("SVI", _svi),
     Rule("EM", _em),
     Rule("ConjugateBayes", _conjugate_bayes),
+    Rule("VMP", _vmp_joint, MappingProxyType({"blocks": "gaussian"})),
     Rule("VMP", _vmp),
     Rule("NonConjugateVI", _joint_block, MappingProxyType({"blocks": "all"})),
     Rule("NonConjugateVI", _nonconjugate),

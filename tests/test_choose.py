@@ -52,8 +52,10 @@ def test_subsampled_plate_chooses_svi():
 
 
 def test_every_rule_names_an_engine():
-    assert [rule.engine for rule in RULES] == ["SVI", "EM", "ConjugateBayes", "VMP", "NonConjugateVI", "NonConjugateVI"]
-    assert [dict(rule.options) for rule in RULES][-2:] == [{"blocks": "all"}, {}]
+    assert [rule.engine for rule in RULES] == [
+        "SVI", "EM", "ConjugateBayes", "VMP", "VMP", "NonConjugateVI", "NonConjugateVI"
+    ]
+    assert [dict(rule.options) for rule in RULES][-4:] == [{"blocks": "gaussian"}, {}, {"blocks": "all"}, {}]
     assert all(rule.engine in ENGINES for rule in RULES)
 
 

@@ -97,11 +97,20 @@ def vmp(
     families: Optional[Mapping[str, str]] = None,
     order: Optional[Sequence[str]] = None,
     init: Optional[Mapping[str, Any]] = None,
+    blocks: Union[None, str, Sequence[Sequence[str]]] = None,
 ) -> Config:
-    """Variational message passing: ρ = 1 for every node, coordinate-wise (Sec. 5.3)."""
+    """Variational message passing: ρ = 1 for every node, coordinate-wise (Sec. 5.3).
+
+    ``blocks``: None, mean-field over the model's sites; ``"gaussian"``, the Gaussian latents
+    on the real line that share a factor in one joint block each (as ``EM``'s E-step);
+    or the groups of sites to join."""
+    joint = blocks == "gaussian"
+    if isinstance(blocks, str) and not joint:
+        raise ValueError(f"VMP's blocks must be None, 'gaussian' or groups of site names; got {blocks!r}.")
     return make_config(
         name="VMP", mode=mode, schedule="sequential", learning_rate=1.0, estimators=EXACT,
-        families=families or {}, order=order, init=init or {},
+        families=families or {}, order=order, init=init or {}, joint_gaussians=joint,
+        blocks=() if joint or blocks is None else tuple(tuple(group) for group in blocks),
     )
 
 
