@@ -288,7 +288,7 @@ def facts_of(model: Callable, args: tuple, kwargs: dict) -> Facts:
     in_family, not_in_family, joint = None, None, None
     if not nonconjugate:
         in_family, not_in_family = posterior_in_family(plan)
-    if in_family is None and not nonconjugate and not graph.params and joint_gaussian_blocks(graph, list(graph.variables)):
+    if in_family is None and not nonconjugate and not graph.params and _one_block_each_once_joined(plan):
         try:
             joint = ConjugateBayes(model).plan(*args, **kwargs)
         except ModelError:
@@ -298,6 +298,17 @@ def facts_of(model: Callable, args: tuple, kwargs: dict) -> Facts:
     return Facts(
         graph, plan, (), tuple(graph.params), nonconjugate, in_family, not_in_family, model, args, dict(kwargs), joint
     )
+
+
+def _one_block_each_once_joined(plan: Any) -> bool:
+    """Whether joint Gaussian blocks (:func:`~blrppl.blr.plan.joint_gaussian_blocks`) would leave every
+    factor of the mean-field ``plan`` on one block: only then can ``ConjugateBayes`` be exact (its
+    plan, made next, is the judge)."""
+    groups = joint_gaussian_blocks(plan.graph, list(plan.graph.variables))
+    if not groups:
+        return False
+    group_of = {v: i for i, group in enumerate(groups) for v in group}
+    return all(len({group_of.get(v, v) for v in est.neighbours}) == 1 for est in plan.estimators)
 
 
 def posterior_in_family(plan: Any) -> tuple[Optional[str], Optional[str]]:
