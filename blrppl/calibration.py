@@ -135,7 +135,8 @@ def simulation_based_calibration(
     batched_kwargs = {k: _broadcast(v, num_datasets) for k, v in model_kwargs.items() if k not in sites}
     batched_kwargs.update({argument: np.asarray(prior[site]) for argument, site in sites.items()})
     batch = engine.run_batched(fit_key, num_steps, *batched_args, tol=tol, **batched_kwargs)
-    latents = [s for s in batch[0].plan.graph.variables if s in prior]
+    variables = batch[0].plan.graph.variables.values()  # a joint block's sites are its members'
+    latents = [m.name for node in variables for m in (node.members or (node,)) if m.name in prior]
     failed = tuple(int(i) for i in np.flatnonzero(batch.failed))
     if len(failed) == num_datasets:
         raise ModelError(

@@ -78,19 +78,28 @@ def test_shared_arguments_are_named_not_broadcast(rng_key):
         engine.run_batched(rng_key, 5, X, y=ys[:, 0], shared=("X", "y"))
 
 
+def ridge_with_intercept(X, y=None):
+    """Slopes under a MultivariateNormal prior and a separate intercept: one joint Gaussian block."""
+    w = numpyro.sample("w", dist.MultivariateNormal(jnp.zeros(X.shape[1]), 2.0 * jnp.eye(X.shape[1])))
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+    numpyro.sample("y", dist.Normal(X @ w + b, 0.5), obs=y)
+
+
 @pytest.mark.parametrize(
-    "model, args, kwargs",
+    "model, args, kwargs, latents",
     [
-        (ZOO["beta_bernoulli"].model, (20,), {}),
-        (normal_known_variance, (), {"num_obs": 10}),
-        (ridge, (np.random.default_rng(1).normal(size=(15, 3)),), {}),
+        (ZOO["beta_bernoulli"].model, (20,), {}, {"p"}),
+        (normal_known_variance, (), {"num_obs": 10}, {"mu"}),
+        (ridge, (np.random.default_rng(1).normal(size=(15, 3)),), {}, {"beta"}),
+        (ridge_with_intercept, (np.random.default_rng(1).normal(2.0, 1.0, size=(15, 3)),), {}, {"w", "b"}),
     ],
-    ids=["beta_bernoulli", "normal_known_variance", "ridge"],
+    ids=["beta_bernoulli", "normal_known_variance", "ridge", "ridge_with_intercept"],
 )
-def test_exact_posteriors_are_calibrated(model, args, kwargs, rng_key):
+def test_exact_posteriors_are_calibrated(model, args, kwargs, latents, rng_key):
     calibration = simulation_based_calibration(
         blrppl.ConjugateBayes(model), rng_key, 60, *args, observed=("y",), num_steps=5, **kwargs
     )
+    assert set(calibration.ranks) == latents  # every latent, those of a joint block included
     for site, ranks in calibration.ranks.items():
         assert ranks.shape[0] == 60 and ranks.min() >= 0 and ranks.max() <= calibration.num_draws
     pvalues = calibration.chi_square()
