@@ -137,6 +137,11 @@ def simulation_based_calibration(
     batch = engine.run_batched(fit_key, num_steps, *batched_args, tol=tol, **batched_kwargs)
     variables = batch[0].plan.graph.variables.values()  # a joint block's sites are its members'
     latents = [m.name for node in variables for m in (node.members or (node,)) if m.name in prior]
+    if not latents:  # nothing to rank: no calibration, not a pass
+        raise ModelError(
+            f"site {next(iter(sites.values()))!r}: no latent of the fitted model is a sample site of its prior "
+            "predictive, so there is nothing to rank; check that the model samples its parameters by name."
+        )
     failed = tuple(int(i) for i in np.flatnonzero(batch.failed))
     if len(failed) == num_datasets:
         raise ModelError(
