@@ -82,7 +82,7 @@ def _equation_flops(eqn: Any) -> float:
 
 
 def _dot_flops(eqn: Any) -> float:
-    (lhs_contract, _), (lhs_batch, _) = eqn.params["dimension_numbers"]
+    (lhs_contract, _), _ = eqn.params["dimension_numbers"]
     lhs_shape = eqn.invars[0].aval.shape
     contracted = math.prod(lhs_shape[d] for d in lhs_contract)
     return 2.0 * _size(eqn.outvars[0]) * contracted
