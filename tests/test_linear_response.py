@@ -14,15 +14,21 @@ from blrppl.linear_response import UNDERSTATED_SD, spread_left_out
 A, B, N = 12, 8, 300
 
 
-def crossed(a, b, y=None):
-    """Two crossed random effects with known scales: every factor conjugate, the posterior Gaussian."""
+def _crossed_mean(a, b):
+    """mu + ea[a] + eb[b]: two crossed random effects with known scales."""
     mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
     with numpyro.plate("A", A):
         ea = numpyro.sample("ea", dist.Normal(0.0, 0.8))
     with numpyro.plate("B", B):
         eb = numpyro.sample("eb", dist.Normal(0.0, 0.6))
+    return mu + ea[a] + eb[b]
+
+
+def crossed(a, b, y=None):
+    """Two crossed random effects with known scales: every factor conjugate, the posterior Gaussian."""
+    mean = _crossed_mean(a, b)
     with numpyro.plate("N", a.shape[0]):
-        numpyro.sample("y", dist.Normal(mu + ea[a] + eb[b], 1.0), obs=y)
+        numpyro.sample("y", dist.Normal(mean, 1.0), obs=y)
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +104,10 @@ def test_blocks_that_share_no_factor_are_not_checked_and_uncoupled_ones_give_one
 
 def crossed_noise(a, b, y=None):
     """:func:`crossed` with the noise scale learnt under a half-normal prior (not conjugate)."""
-    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
-    with numpyro.plate("A", A):
-        ea = numpyro.sample("ea", dist.Normal(0.0, 0.8))
-    with numpyro.plate("B", B):
-        eb = numpyro.sample("eb", dist.Normal(0.0, 0.6))
+    mean = _crossed_mean(a, b)
     sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
     with numpyro.plate("N", a.shape[0]):
-        numpyro.sample("y", dist.Normal(mu + ea[a] + eb[b], sigma), obs=y)
+        numpyro.sample("y", dist.Normal(mean, sigma), obs=y)
 
 
 def test_the_command_line_fits_known_scales_exactly(data, monkeypatch, capsys):
