@@ -405,6 +405,20 @@ def to_device(value: Any) -> Any:
     return jax.numpy.asarray(value)
 
 
+def to_host(tree: Any) -> Any:
+    """``jax.device_get(tree)``: every JAX array leaf as a numpy array, other leaves as they are.
+
+    ``jax.device_get`` starts an asynchronous copy of every leaf before it reads them, which
+    overlaps an accelerator's transfers but costs ~9 µs per leaf on the CPU, where reading an
+    array is a copy in memory (``np.asarray``: under 1 µs once the array is ready). A fit's
+    results are read once per call: a small model's refit paid tens of microseconds for it.
+    """
+    leaves, treedef = jax.tree.flatten(tree)
+    if not _on_cpu(leaves):
+        return jax.device_get(tree)
+    return jax.tree.unflatten(treedef, [np.asarray(x) if isinstance(x, jax.Array) else x for x in leaves])
+
+
 def _transfer(array: np.ndarray) -> jax.Array:
     """``jax.device_put(array)`` for a numpy array, in 15 µs instead of 85.
 

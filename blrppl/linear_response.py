@@ -42,7 +42,7 @@ from numpyro.distributions.transforms import biject_to
 from blrppl.blr.ahead import CompiledInBackground
 from blrppl.blr.starts import prior_member
 from blrppl import sparse_hessian
-from blrppl.compile_mode import jit_for, to_device
+from blrppl.compile_mode import jit_for, to_device, to_host
 from blrppl.diagnostics import log_joint_in_q_space
 from blrppl.draws import compiled_for, model_data
 
@@ -151,14 +151,14 @@ class Pending(NamedTuple):
 
     def read(self) -> Optional[SpreadLeftOut]:
         """The check's reading on the host (None where the full reading a miss calls for failed)."""
-        definite, ratios, agrees = jax.device_get((self.definite, self.ratios, self.agrees))
+        definite, ratios, agrees = to_host((self.definite, self.ratios, self.agrees))
         if self.compressed and not bool(agrees):  # a nonzero the learnt pattern did not have
             try:
                 return self.check.missed(self.args).read()
             except Exception:  # noqa: BLE001 - as dispatch: no check rather than a failed fit
                 return None
         if self.pattern is not None:
-            finite, pattern = jax.device_get(self.pattern)
+            finite, pattern = to_host(self.pattern)
             if finite:  # (a Hessian that is not finite shows no pattern: learnt at a later fit)
                 self.check.learn(np.asarray(pattern))
         return SpreadLeftOut(dict(zip(self.check.names, np.asarray(ratios).tolist())), bool(definite))

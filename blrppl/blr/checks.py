@@ -19,7 +19,7 @@ import numpy as np
 from numpyro.distributions import constraints
 
 from blrppl.blr import driver
-from blrppl.compile_mode import SizeDependentJit, recently_used
+from blrppl.compile_mode import SizeDependentJit, recently_used, to_host
 from blrppl.errors import ModelError
 
 #: How far towards a boundary the parameter moves on its unconstrained space.
@@ -59,7 +59,7 @@ def boundary_estimates(plan: Any, e_step: Any, state: Any, elbo: float) -> tuple
     if not trials:
         return ()
     program = _bounds_program(e_step, tuple((name, direction) for name, direction, _ in trials), plan.param_transforms)
-    bounds, moved = jax.device_get(program(state, plan.arrays))  # one transfer
+    bounds, moved = to_host(program(state, plan.arrays))  # one transfer
     flags = []
     for (name, _, words), bound, value in zip(trials, bounds, moved):
         bound = float(bound)

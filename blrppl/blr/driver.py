@@ -23,7 +23,7 @@ from blrppl.blr.ahead import compile_side_by_side
 from blrppl.blr.restarts import folded_keys
 from blrppl.blr.state import BLRState, InferenceAlgorithm
 from blrppl.blr.watchdog import block_until_ready
-from blrppl.compile_mode import SizeDependentJit, planned_steps, size_dependent_jit, to_device
+from blrppl.compile_mode import SizeDependentJit, planned_steps, size_dependent_jit, to_device, to_host
 
 
 def init(algorithm: InferenceAlgorithm, rng_key: jax.Array, arrays: Any) -> BLRState:
@@ -188,7 +188,7 @@ def _checked_exact_run(algorithm, rng_key, num_steps, arrays, tests, tol):
     zero, stop = np.asarray(0, np.int32), np.asarray(num_steps, np.int32)
     outputs = _run_exact_chunk(algorithm, arrays, rng_key, buffer, zero, stop, previous, hits, threshold, tests)
     end, state, buffer, _, hits, valid = block_until_ready(outputs)
-    end, hits, buffer, valid = jax.device_get((end, hits, buffer, valid))  # one transfer
+    end, hits, buffer, valid = to_host((end, hits, buffer, valid))  # one transfer
     return state, _head(buffer, int(end)), int(hits) >= CONFIRMATIONS, np.asarray(valid)
 
 
@@ -237,7 +237,7 @@ def _loop(algorithm, num_steps, arrays, state, tol, progress_bar, num_updates, s
         end, state, buffer, previous, hits = block_until_ready(_run_chunk(
             algorithm, arrays, _lean(algorithm, state), buffer, np.asarray(0, np.int32), stop, previous, hits, threshold
         ))
-        end, hits, buffer = jax.device_get((end, hits, buffer))  # one transfer
+        end, hits, buffer = to_host((end, hits, buffer))  # one transfer
         return state, _head(buffer, int(end)), int(hits) >= CONFIRMATIONS
 
     chunk = -(-num_steps // num_updates)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from blrppl.compile_mode import to_host
 from blrppl.deep.flat import FlatModel
 from blrppl.deep.rules import DiagonalState, Rule, rademacher_diagonal
 from blrppl.errors import ModelError
@@ -111,7 +112,7 @@ def averaging_flags(flat: FlatModel, state: DiagonalState) -> tuple[str, ...]:
     Monte Carlo error is estimated from the spread of the averages of the
     window's parts (batch means), in posterior sds for m, relatively for s.
     """
-    average = jax.device_get(state.average)  # one transfer; in numpy (eager jnp compiles a program per op)
+    average = to_host(state.average)  # one transfer; in numpy (eager jnp compiles a program per op)
     count = np.asarray(average.count, float)
     if np.any(count < 2):
         return ()

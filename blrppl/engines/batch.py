@@ -30,6 +30,7 @@ import numpy as np
 from blrppl.blr import driver
 from blrppl.blr.checks import fit_error, sound_members
 from blrppl.blr.restarts import default_restarts, restart_keys
+from blrppl.compile_mode import to_host
 from blrppl.errors import ModelError
 from blrppl.graph.data import split_model_data
 from blrppl.results import BatchResult, BLRResult, Convergence
@@ -221,7 +222,7 @@ def _run_group(engine, plans, keys, num_steps, tol, progress_bar, arrays=None) -
     out = []
     num_run, stopped = np.asarray(num_run), np.asarray(stopped)
     elbo = np.asarray(elbo)  # read once: per-data-set slices of device arrays would each dispatch (and compile)
-    natural = jax.device_get(states.natural)  # every member's λ for the checks, in one transfer
+    natural = to_host(states.natural)  # every member's λ for the checks, in one transfer
     last = np.where(num_run > 0, elbo[np.arange(len(plans)), np.maximum(num_run - 1, 0)], np.nan)
     scales = None if states.elbo_scale is None else np.asarray(states.elbo_scale)
     sound = sound_members(first.qs, natural, last, scales)
@@ -257,7 +258,7 @@ def _run_group_with_restarts(engine, plans, keys, num_steps, tol, progress_bar, 
         batched_data=True,
     )
     elbo, num_run, stopped = np.asarray(elbo), np.asarray(num_run), np.asarray(stopped)  # one read each
-    natural = jax.device_get(states.natural)
+    natural = to_host(states.natural)
     last = np.where(num_run > 0, elbo[np.arange(len(num_run)), np.maximum(num_run - 1, 0)], np.nan)
     sound = sound_members(first.qs, natural, last, None if states.elbo_scale is None else np.asarray(states.elbo_scale))
     out = []

@@ -12,7 +12,7 @@ from numpyro import handlers
 from numpyro.infer import init_to_uniform
 
 from blrppl.blr.schedules import as_schedule
-from blrppl.compile_mode import ONE_SHOT_BYTES, SizeDependentJit, fast_compile, full_precision, probe, to_device
+from blrppl.compile_mode import ONE_SHOT_BYTES, SizeDependentJit, fast_compile, full_precision, probe, to_device, to_host
 from blrppl.deep.checks import averaging_flags, convergence_flags, data_share, prior_flags, raise_if_diverged
 from blrppl.deep.flat import FlatModel, flat_model
 from blrppl.deep.result import DiagonalResult
@@ -151,7 +151,7 @@ class DiagonalBLR:
             active = to_device(np.asarray(min(size, num_steps - start), np.int32))
             state, elbo = run_chunk(size)(state, arrays, window, active)
             traces.append(elbo)
-        elbo = to_device(np.concatenate(jax.device_get(traces))[:num_steps])
+        elbo = to_device(np.concatenate(to_host(traces))[:num_steps])
         raise_if_diverged(flat, state, self.rule.name)
         share = run_chunk("share")(state, arrays, rng_key)
         flags = convergence_flags(self.rule, elbo) + averaging_flags(flat, state) + prior_flags(share)

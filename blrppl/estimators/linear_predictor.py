@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from blrppl._types import Array
-from blrppl.compile_mode import ONE_SHOT_BYTES, fast_compile, probe
+from blrppl.compile_mode import ONE_SHOT_BYTES, fast_compile, probe, to_host
 from blrppl.symbolic.host import evaluate
 from blrppl.graph.jaxpr import (
     BILINEAR,
@@ -264,7 +264,7 @@ def find_linear_predictor(
     # and once per structure (probe), so a new plan on new data compiles nothing.
     cheap = fast_compile(data, ONE_SHOT_BYTES)
     design, offset = probe(design_and_offset, cheap=cheap)(data)
-    values = jax.device_get(probe(check_values, cheap=cheap)(data, design, offset))
+    values = to_host(probe(check_values, cheap=cheap)(data, design, offset))
     if not _checks_hold(values, np.asarray(tangent), rtol, np):
         return None
     return LinearPredictor(design, offset, log_likelihood, predict, replay)
