@@ -421,7 +421,12 @@ def to_host(tree: Any) -> Any:
     leaves, treedef = jax.tree.flatten(tree)
     if not _on_cpu(leaves):
         return jax.device_get(tree)
-    return jax.tree.unflatten(treedef, [np.asarray(x) if isinstance(x, jax.Array) else x for x in leaves])
+    return jax.tree.unflatten(treedef, [np.asarray(x) if _readable(x) else x for x in leaves])
+
+
+def _readable(leaf: Any) -> bool:
+    """A JAX array numpy can hold (a PRNG key array stays as it is, as ``jax.device_get`` leaves it)."""
+    return isinstance(leaf, jax.Array) and not jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended)
 
 
 def _transfer(array: np.ndarray) -> jax.Array:
