@@ -286,11 +286,6 @@ class SizeDependentJit:
                 return self.fast
         return self.balanced if on_cpu else self.optimized
 
-    def cheap_on_cpu(self, *args: Any) -> bool:
-        """Whether ``args`` run the ``FAST_CPU_OPTIONS`` variant on a CPU in mode "auto" (where
-        :attr:`balanced` would be a faster program, at a dearer compile)."""
-        return _mode == "auto" and self.variant(*args) is self._fast and _on_cpu(jax.tree.leaves(args))
-
     def _cheap_loop(self, args: tuple, steps: int) -> bool:
         """Whether the loop's estimated work over ``steps`` steps is within ``LOOP_FLOP_BUDGET``."""
         static = tuple(args[i] for i in self.static_argnums)

@@ -43,7 +43,6 @@ from blrppl.blr.ahead import CompiledInBackground
 from blrppl.blr.starts import prior_member
 from blrppl import sparse_hessian
 from blrppl.compile_mode import jit_for, to_device, to_host
-from blrppl.flops import jaxpr_flops
 from blrppl.diagnostics import log_joint_in_q_space
 from blrppl.draws import compiled_for, model_data
 
@@ -257,8 +256,6 @@ class _Check:
         self._learnt = False  # a pattern was learnt (or is no use): only a miss learns again
         self._relearned = 0
         self._ahead = None
-        self._calls = 0
-        self._refit: Optional[CompiledInBackground] = None
         natural = _natural_shapes(plan)
         if natural is not None:  # else traced at the first check, from its values
             args = (natural, dict(plan.arrays.params), model_data(plan), Reading.full(self._dim, self._dtype, True))
@@ -270,16 +267,8 @@ class _Check:
         return self._run(args, Reading.full(self._dim, self._dtype, not self._learnt), learn=not self._learnt)
 
     def _run(self, args: tuple, reading: Reading, learn: bool) -> Pending:
-        self._calls += 1
-        if self._calls == 2:  # a refit: later ones may take the balanced variant (REFIT_FLOPS)
-            self._refit = _refit_program(self._program, args + (reading,))
         outputs = None
-        if self._refit is not None and self._refit.ready():
-            try:
-                outputs = self._refit(*args, reading)
-            except (TypeError, ValueError):
-                outputs = None
-        if outputs is None and self._ahead is not None:
+        if self._ahead is not None:
             try:
                 outputs = self._ahead(*args, reading)
             except (TypeError, ValueError):  # other argument types than foreseen: the plain call
@@ -306,26 +295,6 @@ class _Check:
                 self._sparse = Reading.compressed(compression, self._dtype)
         except Exception:  # noqa: BLE001 - the full reading stays
             self._sparse = None
-
-
-REFIT_FLOPS = 1e5
-"""A check whose program counts more operations (:func:`blrppl.flops.jaxpr_flops`, its Hessian
-products' loop once) is compiled again with the balanced options once a model is refitted, in a
-thread, and refits take that program when it is ready: radon's check (1.4e6) ran 0.7-0.9 ms of a
-3 ms refit with the cheap options. A first call keeps the cheap compile (the zoo's 2 s)."""
-
-
-def _refit_program(program: Any, args: tuple) -> Optional[CompiledInBackground]:
-    """``program`` (a :class:`~blrppl.compile_mode.SizeDependentJit` compiled cheaply) compiled
-    with the balanced options in a thread, where its work is over ``REFIT_FLOPS``; else None."""
-    try:
-        if not program.cheap_on_cpu(*args):
-            return None
-        if jaxpr_flops(program.optimized.trace(*args).jaxpr) <= REFIT_FLOPS:
-            return None
-        return CompiledInBackground(program.balanced.lower(*args))
-    except Exception:  # noqa: BLE001 - the cheap program stays
-        return None
 
 
 def _check(plan: Any) -> Optional[_Check]:

@@ -236,36 +236,6 @@ def test_refits_read_the_hessian_from_few_products_and_agree_with_the_full_readi
     assert check._relearned == 0 and check._sparse is not None
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the cheap and balanced options are XLA:CPU's")
-def test_refits_take_the_checks_balanced_compile_once_ready_and_read_the_same(monkeypatch):
-    """A first fit compiles the check cheaply and nothing more; a refit starts the balanced compile
-    of a costly check in a thread (here every check counts as costly), and later checks run it
-    once it is ready, with the cheap program's reading."""
-    from blrppl import compile_mode, linear_response
-
-    previous = compile_mode.set_compile_mode("auto")
-    monkeypatch.setattr(linear_response, "REFIT_FLOPS", 0.0)
-    try:
-        engine = blrppl.NonConjugateVI(lambda *args, **kwargs: varying(*args, **kwargs))  # a check of its own
-        group, x, y = _varying_data(3)
-        first = engine.run(jax.random.key(0), 300, group, x, progress_bar=False, tol=1e-8, y=y)
-        check = linear_response._check(first.plan)
-        assert check._program.fixed is True and check._refit is None
-        group, x, y = _varying_data(4)
-        refit = engine.run(jax.random.key(0), 300, group, x, progress_bar=False, tol=1e-8, y=y)
-        assert check._refit is not None
-        check._refit._worker.join()
-        compiled, calls = check._refit._compiled, []
-        check._refit._compiled = lambda *args: calls.append(1) or compiled(*args)
-        found = spread_left_out(refit.plan, refit.state.natural, refit.state.params)
-        assert calls == [1]
-        args = (refit.state.natural, dict(refit.state.params), refit.plan.arrays.data)
-        _, cheap, _, _ = check._program.fast(*args, check._sparse)
-        np.testing.assert_allclose([found.ratio[n] for n in check.names], np.asarray(cheap), rtol=1e-10)
-    finally:
-        compile_mode.set_compile_mode(previous)
-
-
 def chained(a, b, y=None):
     """Counts with effects of two factors that meet only where the data pair them."""
     mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))

@@ -158,10 +158,6 @@ class CompiledInBackground:
         except Exception:  # noqa: BLE001 - compiled again, and raised, where it is called
             pass
 
-    def ready(self) -> bool:
-        """Whether the compilation has ended (a call would not wait)."""
-        return not self._worker.is_alive()
-
     def __call__(self, *args: Any) -> Any:
         self._worker.join()
         if self._compiled is None:
