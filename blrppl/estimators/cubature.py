@@ -218,17 +218,25 @@ def mvn_value_grad_hessian(
         resid = y - loc
         a = precision @ resid
         value = -0.5 * resid @ a - jnp.sum(jnp.log(jnp.diagonal(chol))) - 0.5 * n * math.log(2 * math.pi)
-        # K⁻¹K_i for every i in one matrix product, read in place (no transposed copies of K_i, K_ij).
-        whitened = jnp.reshape(precision @ jnp.reshape(cov_d, (n, n * d)), (n, n, d))
-        cov_a = jnp.einsum("kmi,m->ik", cov_d, a)  # K_i a, (d, n)
-        grad = 0.5 * cov_a @ a - 0.5 * jnp.einsum("kki->i", whitened)
-        # ½ aᵀK_ij a - ½ tr(K⁻¹K_ij) in one pass over K_ij (K⁻¹ is symmetric).
-        second_order = 0.5 * jnp.einsum("lk,lkij->ij", jnp.outer(a, a) - precision, cov_dd)
-        hessian = -cov_a @ precision @ cov_a.T + second_order + 0.5 * jnp.einsum("kli,lkj->ij", whitened, whitened)
+        # Every contraction below is a matrix product over contiguous axes: on the CPU's cheap
+        # compile settings (blrppl.compile_mode) an einsum over a middle axis runs as a slow loop
+        # (a Gaussian process step 2x slower). K is a covariance, so K_i and K_ij are symmetric.
+        flat_d = jnp.reshape(cov_d, (n, n * d))  # [k, (m, i)] = K_i[k, m]
+        whitened = jnp.reshape(precision @ flat_d, (n, n, d))  # K⁻¹K_i
+        cov_a = jnp.reshape(a @ flat_d, (n, d)).T  # K_i a = (aᵀK_i)ᵀ, (d, n)
+        traces = jnp.reshape(precision, (n * n,)) @ jnp.reshape(cov_d, (n * n, d))  # tr(K⁻¹K_i)
+        grad = 0.5 * cov_a @ a - 0.5 * traces
+        # ½ aᵀK_ij a - ½ tr(K⁻¹K_ij) in one pass over K_ij.
+        outer = jnp.reshape(jnp.outer(a, a) - precision, (n * n,))
+        second_order = 0.5 * jnp.reshape(outer @ jnp.reshape(cov_dd, (n * n, d * d)), (d, d))
+        # tr(K⁻¹K_i K⁻¹K_j) = Σ_kl (K⁻¹K_i)_kl (K⁻¹K_j)_lk.
+        pairs = jnp.reshape(whitened, (n * n, d)).T @ jnp.reshape(jnp.swapaxes(whitened, 0, 1), (n * n, d))
+        hessian = -cov_a @ precision @ cov_a.T + second_order + 0.5 * pairs
         pulled = loc_d.T @ precision  # m_iᵀ K⁻¹, (d, n)
         grad = grad + pulled @ resid
         cross = pulled @ cov_a.T
-        hessian = hessian - pulled @ loc_d + jnp.einsum("nij,n->ij", loc_dd, a) - cross - cross.T
+        loc_second = jnp.reshape(a @ jnp.reshape(loc_dd, (n, d * d)), (d, d))  # Σ_n m_ij[n] a_n
+        hessian = hessian - pulled @ loc_d + loc_second - cross - cross.T
         return value, grad, 0.5 * (hessian + hessian.T)
 
     return vgh
