@@ -511,7 +511,8 @@ def default_order(plan: Plan) -> tuple[str, ...]:
 
 
 def judged_by_mode(plan: Plan) -> bool:
-    """Whether every factor's site parameters are by the delta method on Normal or MVN q (``Laplace``).
+    """Whether every factor's site parameters are by the delta method on Normal or MVN q (``Laplace``),
+    or exact beside them (quadratic: the same), with no prior that reads another latent.
 
     A BLR step with ρ = 1 is then a Newton step on log p̄ (Khan & Rue, Sec. 4.4), and a
     smaller ρ moves the mean by ρ Λ_ρ⁻¹ ∇log p̄(m), an ascent direction (so does the
@@ -522,12 +523,27 @@ def judged_by_mode(plan: Plan) -> bool:
     instead of Laplace's N(log 2, 1)), and it need not rise on the way there: its trace
     is reported, not judged (no "fell from its best" flag).
     """
-    return (
-        bool(plan.estimators)
-        and plan.subsample is None
-        and all(e.method.estimator == "delta" and not e.method.exact and not e.method.enumerated for e in plan.estimators)
-        and all(has_point_mass(q.family) for q in plan.qs.values())
+    methods = [e.method for e in plan.estimators]
+    delta = [m.estimator == "delta" and not m.exact and not m.enumerated for m in methods]
+    exact = [not m.estimated and not m.enumerated for m in methods]
+    if not (any(delta) and plan.subsample is None and all(has_point_mass(q.family) for q in plan.qs.values())):
+        return False
+    if all(delta):
+        return True
+    # A factor exact on Gaussian q is quadratic in them, its exact site parameter the delta
+    # method's: a step is still Newton's (log-normal priors on the log scale beside a Gaussian
+    # process likelihood). Unless a prior reads another latent (a scale: a funnel, where log p̄
+    # grows without bound as the scale collapses); there the ELBO keeps a Newton start wide.
+    return all(d or x for d, x in zip(delta, exact)) and not any(
+        d and _hierarchical_prior(plan.graph, e.factor) for d, e in zip(delta, plan.estimators)
     )
+
+
+def _hierarchical_prior(graph: Any, factor: str) -> bool:
+    """Whether ``factor`` is a latent's prior whose parameters read other latents (mu, tau of
+    ``theta ~ Normal(mu, tau)``), in the variables' terms (a joint block's members)."""
+    node = graph.factors[factor]
+    return node.kind == "prior" and len(node.block_members or node.neighbours) > 1
 
 
 def _guard(plan: Plan) -> bool:

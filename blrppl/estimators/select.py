@@ -87,7 +87,7 @@ def factor_verdicts(graph: FactorGraph, name: str, qs, examples, params, error: 
         if v in failing:
             reason = failing[v]
             transform = qs[v].transform if v in qs else None
-            if transform is not None and "operation" in reason:
+            if transform is not None and ("operation" in reason or "exp(" in reason):
                 reason += (
                     f" (the q of {v!r} is a Gaussian on the unconstrained space, and its "
                     f"{type(transform).__name__} to the site's support enters the factor)"

@@ -123,6 +123,7 @@ PRIMITIVES: dict[str, PrimitiveClass] = {
     "pow": PrimitiveClass(ELEMENTWISE),
     "log": PrimitiveClass(ELEMENTWISE),
     "log1p": PrimitiveClass(ELEMENTWISE),
+    "exp": PrimitiveClass(ELEMENTWISE),
     "eq": PrimitiveClass(ELEMENTWISE),
     "lt": PrimitiveClass(ELEMENTWISE),
     "ge": PrimitiveClass(ELEMENTWISE),

@@ -84,6 +84,10 @@ def varying_axes(array, xp) -> list:
     return xp.asarray(flags, dtype=bool)
 
 
+_POWERED = ("x", "exp")
+"""Atoms whose powers add up at one position: x^a x^b = x^(a+b), exp(a x) exp(b x) = exp((a+b) x)."""
+
+
 def normalize_term(term: Term) -> Term:
     """Compress operands and merge powers of the same atom at the same position."""
     coeff = term.coeff
@@ -96,12 +100,12 @@ def normalize_term(term: Term) -> Term:
     atoms: list[VarAtom] = []
     for atom in term.atoms:
         for i, other in enumerate(atoms):
-            if other.kind == "x" and atom.kind == "x" and other.same_position(atom):
+            if other.kind == atom.kind and atom.kind in _POWERED and other.same_position(atom):
                 atoms[i] = dataclasses.replace(other, power=other.power + atom.power)
                 break
         else:
             atoms.append(atom)
-    atoms = [a for a in atoms if not (a.kind == "x" and a.power == 0)]
+    atoms = [a for a in atoms if not (a.kind in _POWERED and a.power == 0)]
     return Term(coeff, tuple(operands), tuple(atoms))
 
 
@@ -277,7 +281,7 @@ def power(poly: Poly, exponent: float, space: Labels) -> Poly:
     operands = tuple(Operand(tape.asarray(op.array, float) ** float(exponent), op.labels) for op in term.operands)
     atoms = []
     for atom in term.atoms:
-        if atom.kind == "x":
+        if atom.kind in _POWERED:
             atoms.append(dataclasses.replace(atom, power=atom.power * exponent))
         elif exponent.denominator == 1 and exponent > 0 and atom.kind == "one_hot":
             atoms.append(atom)
@@ -462,9 +466,32 @@ def log(poly: Poly, space: Labels | None) -> Poly:
     for atom in term.atoms:
         if atom.kind == "x":
             terms.append(Term(float(atom.power), (), (dataclasses.replace(atom, kind="log", power=Fraction(1)),)))
+        elif atom.kind == "exp":  # log(exp(c x)) = c x
+            terms.append(Term(float(atom.power), (), (dataclasses.replace(atom, kind="x", power=Fraction(1)),)))
         else:
             raise NonConjugate(atom.var, f"log({atom.kind}({atom.var!r})) is not a sufficient statistic")
     return Poly(poly.shape, poly.labels, _clean(terms), poly.selectors)
+
+
+def exp(poly: Poly) -> Poly | None:
+    """exp(c x + b) (x a latent's value, c a number, b known): the atom ``exp`` (power c) times exp(b), else
+    None: no q's statistic, but a log turns it back into x (a log-normal prior on the log scale)."""
+    random, fixed = [t for t in poly.terms if t.atoms], [t for t in poly.terms if not t.atoms]
+    if poly.selectors or len(random) != 1 or random[0].operands or len(random[0].atoms) != 1:
+        return None
+    (term,), (atom,) = random, random[0].atoms
+    known = [t.coeff for t in fixed + random] + [op.array for t in fixed for op in t.operands]
+    local = all(t.labels <= set(poly.labels) for t in poly.terms)  # elementwise; data on a tape: exp(b) not replayed
+    if (atom.kind, atom.power) != ("x", 1) or not local or any(map(tape.is_dual, known)):
+        return None
+    offset = np.zeros(poly.shape)
+    for t in fixed:
+        dense = [np.broadcast_to(_dense_over(op, list(poly.labels)), poly.shape) for op in t.operands]
+        offset = offset + float(t.coeff) * np.prod(dense, 0)
+    operands = (Operand(np.exp(offset), poly.labels),) if poly.shape else ()
+    coeff = 1.0 if poly.shape else float(np.exp(offset))
+    new = Term(coeff, operands, (dataclasses.replace(atom, kind="exp", power=Fraction(float(term.coeff))),))
+    return Poly(poly.shape, poly.labels, _clean([new]))
 
 
 def logdet(poly: Poly) -> Poly:

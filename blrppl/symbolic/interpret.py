@@ -43,7 +43,7 @@ from blrppl.symbolic import algebra, categorical, rules
 from blrppl.symbolic.host import host_bind, on_positions
 from blrppl.symbolic.scan import interpret_scan
 from blrppl.symbolic.terms import Labels, NonConjugate
-from blrppl.symbolic.values import Poisoned, as_poly, first_var, int_params, is_key, is_symbolic
+from blrppl.symbolic.values import Poisoned, as_poly, first_var, int_params, is_key, is_symbolic, unsupported
 
 LOGDET_NAME = "blrppl_logdet"
 SUPPORT_NAME = "blrppl_support_bound"
@@ -58,13 +58,6 @@ class Held(NamedTuple):
     shape: tuple
 
 _RULES = {**rules.RULES, **categorical.RULES}
-
-
-def unsupported(name: str, var: str | None) -> NonConjugate:
-    """The non-conjugacy of primitive ``name`` applied to a random value of ``var``."""
-    return NonConjugate(
-        var, f"the primitive {name!r} applied to {var!r} is not supported by the symbolic interpreter"
-    )
 
 
 class Interpreter:

@@ -93,8 +93,12 @@ def coincide(a: tuple[Index, ...], b: tuple[Index, ...], space: Labels, protecte
 
 
 def describe_atom(atom: VarAtom) -> str:
-    """``log('tau')`` or ``'tau' ** 2``, for a reason."""
-    return f"{atom.kind}({atom.var!r})" if atom.kind != "x" else f"{atom.var!r} ** {atom.power}"
+    """``log('tau')``, ``'tau' ** 2`` or ``exp(2 * 'tau')``, for a reason."""
+    if atom.kind == "x":
+        return f"{atom.var!r} ** {atom.power}"
+    if atom.kind == "exp" and atom.power != 1:
+        return f"exp({atom.power} * {atom.var!r})"
+    return f"{atom.kind}({atom.var!r})"
 
 
 def linear_atoms(var: str, atoms: Sequence[VarAtom], family: str) -> list[VarAtom]:

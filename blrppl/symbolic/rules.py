@@ -18,7 +18,7 @@ import numpy as np
 from blrppl.graph import tape
 from blrppl.symbolic import algebra
 from blrppl.symbolic.terms import NonConjugate, Poly, constant
-from blrppl.symbolic.values import Poisoned, as_poly, first_var, is_categorical, is_symbolic
+from blrppl.symbolic.values import Poisoned, as_poly, first_var, is_categorical, is_symbolic, unsupported
 
 
 def _add(interp: Any, eqn: Any, x: Any, y: Any) -> Any:
@@ -78,6 +78,15 @@ def _log(interp: Any, eqn: Any, x: Any) -> Poly:
     return algebra.log(as_poly(x, interp.space), interp.space)
 
 
+def _exp(interp: Any, eqn: Any, x: Any) -> Poly:
+    """exp(c x + b) as an ``exp`` atom, which a log turns back into x (a log-normal prior on the
+    log scale); anything else is the primitive's non-conjugacy, as before."""
+    out = algebra.exp(as_poly(x, interp.space))
+    if out is None:
+        raise unsupported("exp", first_var(x))
+    return out
+
+
 def _log1p(interp: Any, eqn: Any, x: Any) -> Poly:
     space = interp.space
     one = constant(np.ones(()), space)
@@ -125,6 +134,7 @@ RULES: dict[str, Callable[..., Any]] = {
     "rsqrt": _rsqrt,
     "pow": _pow,
     "log": _log,
+    "exp": _exp,
     "log1p": _log1p,
     "convert_element_type": _same_value,
     "reduce_precision": _same_value,

@@ -92,8 +92,9 @@ class VarAtom:
 
     ``kind`` is ``"x"`` (the value raised to ``power``), ``"log"``,
     ``"log1m"`` (log(1 - x)), ``"logdet"`` (log |x| of a matrix variable; its
-    index covers the batch axes only) or ``"one_hot"`` (one extra index, over
-    the categories, follows the value axes). ``sizes`` are the sizes of the
+    index covers the batch axes only), ``"exp"`` (exp(power x): a statistic of
+    no family, until a log turns it back into x) or ``"one_hot"`` (one extra
+    index, over the categories, follows the value axes). ``sizes`` are the sizes of the
     axes the indices address (an index array equal to ``arange(size)`` is the
     same as a direct index; a shorter one is a slice and stays a gather).
     """

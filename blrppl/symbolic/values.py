@@ -32,6 +32,13 @@ class Poisoned:
         self.reason = reason
 
 
+def unsupported(name: str, var: str | None) -> NonConjugate:
+    """The non-conjugacy of primitive ``name`` applied to a random value of ``var``."""
+    return NonConjugate(
+        var, f"the primitive {name!r} applied to {var!r} is not supported by the symbolic interpreter"
+    )
+
+
 def is_key(value: Any) -> bool:
     """Whether ``value`` is a concrete array of PRNG keys."""
     return isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key)
