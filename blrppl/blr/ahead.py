@@ -51,8 +51,8 @@ def compile_side_by_side(
       first_args: ``first``'s arguments, static ones included.
       second_args: ``first``'s outputs (``jax.ShapeDtypeStruct`` leaves) -> ``second``'s arguments.
       then: ``second``'s arguments -> a lowered program that runs after it (the best restart's
-        rows), lowered here while the two compile and compiled beside them: a first call with
-        restarts no longer compiles it after its run.
+        rows, an EM fit's boundary check), or None; lowered here while the two compile and
+        compiled beside them: a first call no longer compiles it after its run.
 
     Returns:
       ``first(*first_args)`` where it was called here (the plain call's outputs, computed by the
@@ -85,8 +85,9 @@ def compile_side_by_side(
         args = second_args(outputs)
         beside = threading.Thread(target=_compile_quietly, args=(second.lower(*args), {}), daemon=True)
         beside.start()
-        if then is not None:
-            after = threading.Thread(target=_compile_quietly, args=(then(args), {}), daemon=True)
+        lowered_after = None if then is None else then(args)
+        if lowered_after is not None:
+            after = threading.Thread(target=_compile_quietly, args=(lowered_after, {}), daemon=True)
             after.start()
     except Exception:  # noqa: BLE001 - as above
         pass

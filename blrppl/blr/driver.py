@@ -141,12 +141,15 @@ def checked_run(
     tol: Optional[float] = None,
     progress_bar: bool = True,
     num_updates: int = 20,
+    after: Optional[Any] = None,
 ) -> tuple[BLRState, jax.Array, bool, np.ndarray]:
     """:func:`run` from ``algorithm.init``, its start tested as by :func:`checked_init`.
 
     Without a progress bar the loop is dispatched right behind the start, with
     no wait between them: a start that fails a test bounds the loop to no
     step on the device, and the host reads the verdicts with the results.
+    ``after``: ``(state, arrays) -> lowered program or None``, one the caller runs on the final
+    state (abstract here), compiled beside the fit's (``compile_side_by_side``'s ``then``).
 
     Returns:
       ``(state, elbo, converged, valid)``: as :func:`run`, and on the host
@@ -155,10 +158,10 @@ def checked_run(
     """
     num_steps = _check_steps(num_steps)
     with planned_steps(num_steps):
-        return _checked_run(algorithm, rng_key, num_steps, arrays, tests, tol, progress_bar, num_updates)
+        return _checked_run(algorithm, rng_key, num_steps, arrays, tests, tol, progress_bar, num_updates, after)
 
 
-def _checked_run(algorithm, rng_key, num_steps, arrays, tests, tol, progress_bar, num_updates):
+def _checked_run(algorithm, rng_key, num_steps, arrays, tests, tol, progress_bar, num_updates, after=None):
     if algorithm.exact and not progress_bar:
         return _checked_exact_run(algorithm, rng_key, num_steps, arrays, tests, tol)
     init_args = (algorithm, tests, algorithm.exact, rng_key, arrays, np.asarray(num_steps, np.int32))
@@ -169,7 +172,9 @@ def _checked_run(algorithm, rng_key, num_steps, arrays, tests, tol, progress_bar
         stop = np.asarray(num_steps, np.int32) if progress_bar else stop
         return algorithm, arrays, _lean(algorithm, state), buffer, np.asarray(0, np.int32), stop, previous, hits, threshold
 
-    started = compile_side_by_side(_init, init_args, _run_chunk, chunk_args)
+    def then(args):  # the final state's types: the loop's outputs' (jit's cached trace; weak types made strong)
+        return after(_run_chunk.variant(*args).trace(*args).out_info[1], args[1])
+    started = compile_side_by_side(_init, init_args, _run_chunk, chunk_args, None if after is None else then)
     state, valid, stop = started if started is not None else _init(*init_args)
     if progress_bar:
         valid = np.asarray(block_until_ready(valid))

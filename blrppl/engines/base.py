@@ -20,7 +20,8 @@ from blrppl import linear_response
 from blrppl.blr import driver
 from blrppl.blr.build import build_blr, judged_by_mode
 from blrppl.blr.checks import (
-    boundary_estimates, drifted_average, fell_from_best, fit_error, off_target, steady_climb, vanishing_sites,
+    boundary_estimates, drifted_average, fell_from_best, fit_error, lower_boundary_check, off_target, steady_climb,
+    vanishing_sites,
 )
 from blrppl.blr.config import Config
 from blrppl.blr.newton import PLAIN_STEPS_FIRST
@@ -100,6 +101,14 @@ class Engine:
             algorithm = build_blr(plan, config, random_starts=random_starts, fixed_params=fixed_params)
             self._algorithms[key] = algorithm
         return algorithm
+
+    def _boundary_check(self, plan: Plan) -> Optional[Callable]:
+        """``(state, arrays) -> lowered program``: the boundary check of :meth:`_flags` for point
+        estimates (None without any), to compile beside the fit's programs."""
+        if not plan.init_params:
+            return None
+        e_step = self.build(plan, fixed_params=True)
+        return lambda state, arrays: lower_boundary_check(plan, e_step, state, arrays)
 
     def _flags(
         self, plan: Plan, state: Any, elbo: jax.Array, stopped: bool, noisy: bool = False, natural: Any = None,
@@ -215,7 +224,7 @@ class Engine:
             first = self.build(plan, newton=False) if tiered else algorithm
             state, elbo, stopped, valid = driver.checked_run(
                 first, rng_key, PLAIN_STEPS_FIRST if tiered else num_steps, plan.arrays, tests, tol=tol,
-                progress_bar=progress_bar,
+                progress_bar=progress_bar, after=self._boundary_check(plan),
             )
             raise_invalid_start(plan.qs, valid)
             if tiered and not stopped and len(elbo):

@@ -138,3 +138,31 @@ def test_a_proper_fit_knows_the_size_of_its_elbo_terms_and_is_not_doubted(rng_ke
     result = blrppl.NonConjugateVI(model).run(rng_key, 300, X_SEPARABLE, y=Y_SEPARABLE, progress_bar=False, tol=1e-6)
     assert result.state.elbo_scale is not None
     assert float(result.state.elbo_scale) >= abs(float(result.elbo[-1])) > 0
+
+
+def test_an_em_fits_boundary_check_compiles_beside_the_fit_not_after_it(rng_key, monkeypatch):
+    """The check of point estimates at a boundary of their support (its E-steps from moved
+    estimates, one compiled program) is lowered with the fit's programs and compiled beside them
+    (``driver.checked_run(after=...)``): a first call compiles nothing once the fit has run (an
+    AR(1)'s first call 1.8 -> 1.5 s), and the flag is the same (tau's MLE is 0 here)."""
+    from blrppl.engines import base
+    from tests.compiles import compilations, compiled_names
+    from tests.engines.test_em_joint import Y, eight_schools
+
+    compiled_after = []
+    checks = base.boundary_estimates
+
+    def watched(*args, **kwargs):
+        with compilations() as messages:
+            out = checks(*args, **kwargs)
+        compiled_after.extend(compiled_names(messages))
+        return out
+
+    monkeypatch.setattr(base, "boundary_estimates", watched)
+
+    def model(y=None):  # a model of its own: no program compiled by other tests
+        eight_schools(y)
+
+    result = blrppl.EM(model).run(rng_key, 200, y=jnp.asarray(Y), progress_bar=False, tol=1e-13)
+    assert compiled_after == []
+    assert "'tau'" in result.flags[0] and "boundary" in result.flags[0]
