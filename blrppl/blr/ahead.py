@@ -50,9 +50,9 @@ def compile_side_by_side(
       first, second: the programs (their variants are chosen by their arguments).
       first_args: ``first``'s arguments, static ones included.
       second_args: ``first``'s outputs (``jax.ShapeDtypeStruct`` leaves) -> ``second``'s arguments.
-      then: ``second``'s arguments -> a lowered program that runs after it (the best restart's
-        rows, an EM fit's boundary check), or None; lowered here while the two compile and
-        compiled beside them: a first call no longer compiles it after its run.
+      then: ``second``'s arguments -> lowered programs that run after it (one, a list, or
+        None: the best restart's rows, an EM fit's boundary check); lowered here while the two
+        compile and compiled beside them: a first call no longer compiles them after its run.
 
     Returns:
       ``first(*first_args)`` where it was called here (the plain call's outputs, computed by the
@@ -85,9 +85,10 @@ def compile_side_by_side(
         args = second_args(outputs)
         beside = threading.Thread(target=_compile_quietly, args=(second.lower(*args), {}), daemon=True)
         beside.start()
-        lowered_after = None if then is None else then(args)
-        if lowered_after is not None:
-            after = threading.Thread(target=_compile_quietly, args=(lowered_after, {}), daemon=True)
+        lowered = [] if then is None else then(args)
+        lowered = [p for p in (lowered if isinstance(lowered, (list, tuple)) else [lowered]) if p is not None]
+        if lowered:
+            after = threading.Thread(target=_compile_all, args=(lowered,), daemon=True)
             after.start()
     except Exception:  # noqa: BLE001 - as above
         pass
@@ -105,6 +106,11 @@ def compile_side_by_side(
         if thread is not None:
             thread.join()
     return started
+
+
+def _compile_all(programs: list) -> None:
+    for lowered in programs:
+        _compile_quietly(lowered, {})
 
 
 def _compile_quietly(lowered: Any, done: dict) -> None:

@@ -107,15 +107,12 @@ def run(
     first step taken, which is the fixed point.
 
     Args:
-      algorithm: the ``InferenceAlgorithm`` to run.
-      rng_key: a JAX PRNG key; ``init`` draws the run's stream from it
-        (ignored when resuming: the state's stream continues).
-      num_steps: the maximum number of steps (a positive integer).
+      algorithm: the ``InferenceAlgorithm`` to run; ``num_steps``: at most this many steps.
+      rng_key: a JAX PRNG key; ``init`` draws the run's stream from it (ignored when resuming).
       arrays: the plan's data, an argument of the compiled loop.
       init_state: a state to resume from (``result.state``); else ``init``.
-      tol: optional convergence threshold (see above).
-      progress_bar: show a tqdm bar with the current ELBO.
-      num_updates: number of progress-bar updates.
+      tol: optional convergence threshold (see above); ``progress_bar``: a tqdm bar with the
+        current ELBO, updated ``num_updates`` times.
 
     Returns:
       ``(state, elbo, converged)``: the final state, the ELBO after each step
@@ -375,7 +372,7 @@ def init_restarts(
 
 def init_with_restarts(
     algorithm: InferenceAlgorithm, random_algorithm: InferenceAlgorithm, rng_key: jax.Array, num_restarts: int,
-    arrays: Any, tests: tuple, loop: Optional[tuple[int, Optional[float]]] = None,
+    arrays: Any, tests: tuple, loop: Optional[tuple[int, Optional[float]]] = None, after: Optional[Any] = None,
 ) -> tuple[BLRState, np.ndarray]:
     """The starts of ``num_restarts`` restarts, stacked, in one compiled call.
 
@@ -384,7 +381,8 @@ def init_with_restarts(
     :mod:`blrppl.blr.restarts`). The second result says, on the host, whether
     restart 0's start passes each of ``tests`` (as :func:`checked_init`).
     ``loop``: ``(num_steps, tol)`` of the :func:`run_restarts` that follows,
-    whose loop then compiles beside the starts (:mod:`blrppl.blr.ahead`).
+    whose loop then compiles beside the starts (:mod:`blrppl.blr.ahead`); ``after``: as
+    :func:`checked_run`'s, for the best restart's final state (one row of the loop's).
     """
     init_args = (algorithm, random_algorithm, tests, num_restarts, rng_key, arrays)
     started = None
@@ -396,8 +394,13 @@ def init_with_restarts(
             zero = np.asarray(0, np.int32)
             return algorithm, arrays, states, buffer, zero, zero, previous, hits, threshold, False
 
+        def then(args):  # the best row's take, and ``after`` on a row of the loop's output types
+            rows = _run_chunks.variant(*args).trace(*args).out_info[1]  # (jit's cached trace)
+            row = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype, weak_type=a.weak_type), rows)
+            return [_best_row(args)] + ([] if after is None else [after(row, args[1])])
+
         with planned_steps(loop[0]):
-            started = compile_side_by_side(_init_with_restarts, init_args, _run_chunks, chunk_args, _best_row)
+            started = compile_side_by_side(_init_with_restarts, init_args, _run_chunks, chunk_args, then)
     states, valid = started if started is not None else _init_with_restarts(*init_args)
     return states, np.asarray(block_until_ready(valid))
 
@@ -449,8 +452,7 @@ _take = SizeDependentJit(_take_rows, data_argnum=0, static_argnums=2, one_shot=T
 
 
 def _best_row(chunk_args: tuple) -> Any:
-    """:func:`take` of one restart's state, lowered for the restarts' loop arguments
-    (``chunk_args`` of :func:`_run_chunks`), to compile beside the loop."""
+    """:func:`take` of one restart's state, lowered for the restarts' loop arguments (``chunk_args``)."""
     return _take.lower(chunk_args[2], np.zeros((), np.int32), 0)
 
 
@@ -550,9 +552,7 @@ def run_restarts(
     num_steps = _check_steps(num_steps)
     num_restarts = int(jnp.shape(jax.tree.leaves(init_states.step)[0])[0])
     threshold, buffer, previous, hits = _restart_loop_inputs(num_restarts, num_steps, tol)
-    states = init_states
-    ends = np.zeros((num_restarts,), np.int32)
-    done = np.zeros((num_restarts,), bool)
+    states, ends, done = init_states, np.zeros((num_restarts,), np.int32), np.zeros((num_restarts,), bool)
     chunk = num_steps if not progress_bar else -(-num_steps // num_updates)
     bar = tqdm.tqdm(total=num_steps) if progress_bar else None
     end = 0

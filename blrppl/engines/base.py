@@ -249,7 +249,7 @@ class Engine:
         if init_state is None:  # restart_keys(rng_key, C) inside one compiled call with the starts
             init_state, valid = driver.init_with_restarts(
                 algorithm, self.build(plan, random_starts=True), rng_key, num_restarts, plan.arrays,
-                start_tests(plan.qs), loop=(num_steps, tol),
+                start_tests(plan.qs), loop=(num_steps, tol), after=self._boundary_check(plan),
             )
             raise_invalid_start(plan.qs, valid)
         else:

@@ -166,3 +166,14 @@ def test_an_em_fits_boundary_check_compiles_beside_the_fit_not_after_it(rng_key,
     result = blrppl.EM(model).run(rng_key, 200, y=jnp.asarray(Y), progress_bar=False, tol=1e-13)
     assert compiled_after == []
     assert "'tau'" in result.flags[0] and "boundary" in result.flags[0]
+
+    def mixture(y=None):  # discrete latents: restarts, the best one's check compiled beside them
+        sigma = numpyro.param("sigma", 1.0, constraint=dist.constraints.positive)
+        loc = numpyro.param("loc", jnp.array([-1.0, 1.0]))
+        with numpyro.plate("N", 12):
+            z = numpyro.sample("z", dist.Categorical(probs=jnp.array([0.5, 0.5])))
+            numpyro.sample("y", dist.Normal(loc[z], sigma), obs=y)
+
+    data = jnp.asarray(np.concatenate([np.full(6, -2.0), np.full(6, 2.0)]) + np.linspace(-0.3, 0.3, 12))
+    result = blrppl.EM(mixture).run(rng_key, 100, y=data, progress_bar=False, tol=1e-10)
+    assert result.restarts is not None and compiled_after == []
