@@ -42,7 +42,9 @@ NEGLIGIBLE_DROP = 1e-4
 """A full step that lowers the guard's objective by at most this many nats does not flag a stall."""
 
 
-def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_params: bool = False) -> InferenceAlgorithm:
+def build_blr(
+    plan: Plan, config: Config, *, random_starts: bool = False, fixed_params: bool = False, by_merit: bool = False
+) -> InferenceAlgorithm:
     """Build ``init``, ``step`` and ``elbo`` for one plan.
 
     The step, for the variables in ``config.order`` (coordinate-wise with
@@ -66,6 +68,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         (restarts; see :mod:`blrppl.blr.restarts`).
       fixed_params: no M-step: point estimates stay where the state has them
         (EM's E-step alone, to evaluate the bound at other parameter values).
+      by_merit: steps judged by log p̄(m) report it as their value (a Newton start's).
 
     Returns:
       The :class:`InferenceAlgorithm`.
@@ -114,9 +117,11 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     # Other estimators are left out (on a small model the check's few operations per step cost
     # a fifth of the step), and so are chains (their check is a forward pass).
     newton_steps = guard and all(e.method.estimator == "delta" for e in plan.estimators if e.method.estimated)
-    # Where every factor is by the delta method the guard judges a step by log p̄(m), the
-    # objective Newton's method climbs, not by the delta ELBO (see :func:`judged_by_mode`).
+    # Where every factor is by the delta method the guard judges a step by log p̄(m), the objective
+    # Newton's method climbs, not by the delta ELBO (:func:`judged_by_mode`); ``by_merit`` (a Newton
+    # start, never reported): the steps report and carry it too, and no delta ELBO is evaluated.
     by_mode = guard and sub is None and mode == "global" and judged_by_mode(plan)
+    by_merit = by_merit and by_mode
     checked_targets = frozenset(
         v for v in ordered
         if newton_steps and mode == "global" and v not in exact_targets and not qs[v].family.chain
@@ -127,9 +132,8 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             return None
         return minibatch(batch_key(state.rng_key), t, sub.plate.size, sub.plate.subsample_size)
 
-    # Each estimator's Python code is traced once per step's shapes: a factor touching several
-    # variables is estimated once per variable update (a coordinate-wise step), and the start and
-    # the loop estimate the same factors; jit caches the jaxpr and every later call reuses it.
+    # Each estimator's Python code is traced once per step's shapes (a coordinate-wise step estimates
+    # a factor once per variable; the start and the loop, the same factors): jit caches the jaxpr.
     estimates = [jax.jit(est.estimate) for est in estimators]
 
     def messages(rng_key, natural, params, arrays, variables, batch):
@@ -214,7 +218,9 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
         """The first half of ``init``: q's start and the point estimates (``random``: a restart's;
         a traced boolean selects between the two, so that restarts share one batched start)."""
         init_key, _ = jax.random.split(rng_key)
-        natural = initial_natural(init_key, graph, qs, estimators, arrays, config.init)
+        # A Newton start's own (delta) estimators give its first λ: no factor is estimated twice.
+        first = plan.start_estimators if newton_start is not None else estimators
+        natural = initial_natural(init_key, graph, qs, first, arrays, config.init)
         params = dict(arrays.params)
         if random is False:
             return natural, params
@@ -297,6 +303,8 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             new_state = new_state._replace(off_target=jnp.any(jnp.stack(off)) if off else jnp.zeros((), bool))
         if evidence:  # λ = Σ_f λ̃_f with E_q[log f] affine in μ: the ELBO is the log evidence
             value, size = exact_evidence(qs, estimators, natural, params, arrays, known)
+        elif by_merit:
+            value, size = merit_of(elbo_key, natural, params, arrays), None
         else:
             value, size = elbo_and_scale(elbo_key, new_state, arrays, batch, known)
         size = None if state.elbo_scale is None else size  # a state made by ``finish`` carries it
@@ -313,7 +321,8 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
             # (and compiled) once, not twice.
             # The guard's objective: the ELBO, or log p̄(m) with ``by_mode`` (Newton steps, or the
             # safeguard's step in their place, whose mean moves along Λ_new⁻¹ ∇log p̄ too).
-            before = merit_of(state.rng_key, state.natural, state.params, arrays) if by_mode else state.elbo
+            judge = by_mode and not by_merit  # (``by_merit``: state.elbo and v are log p̄(m) already)
+            before = merit_of(state.rng_key, state.natural, state.params, arrays) if judge else state.elbo
 
             def collapsed(value, merit):
                 drop = before - merit
@@ -325,7 +334,7 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
                 k, _, _, _, _, _, _, first = carry
                 r_k = r * 0.5**k
                 candidate, v, taken, unbounded = attempt(state, arrays, r_k)
-                merit = merit_of(candidate.rng_key, candidate.natural, candidate.params, arrays) if by_mode else v
+                merit = merit_of(candidate.rng_key, candidate.natural, candidate.params, arrays) if judge else v
                 return k + 1, candidate, v, merit, r_k, taken, unbounded, jnp.where(k == 0, merit, first)
 
             yes = jnp.ones((), bool)
@@ -415,7 +424,8 @@ def build_blr(plan: Plan, config: Config, *, random_starts: bool = False, fixed_
     # Restarts share ``finish`` with the plain start unless the plain start alone takes Newton steps.
     shared = newton_start is None and not random_starts
     return InferenceAlgorithm(
-        init=init, step=step, elbo=lambda k, s, a: elbo(k, s, a), noisy=average, sequential=sequential,
+        init=init, step=step, noisy=average, sequential=sequential,
+        elbo=(lambda k, s, a: merit_of(k, s.natural, s.params, a)) if by_merit else (lambda k, s, a: elbo(k, s, a)),
         chained=any(q.family.chain for q in qs.values()), newton=newton,
         start=start if shared else None, finish=finish if shared else None, exact=exact,
         blank=(lambda arrays: placeholder_natural(qs, arrays)) if exact else None, exact_targets=exact_targets,
@@ -465,11 +475,10 @@ def _newton_start(plan: Plan, config: Config):
     Gaussian q then sit at the mode with the curvature there as precision.
     """
     start_plan = dataclasses.replace(plan, estimators=plan.start_estimators, start_estimators=(), subsample=None)
-    # The delta-method steps are Newton steps on log p̄(m) already: no damped Newton candidates on
-    # the ELBO besides (their Hessian over a block's natural parameters, 306 for UCBadmit's 17
-    # scalars, cost most of the start's trace and compilation).
+    # The delta-method steps are Newton steps on log p̄(m) already: no damped Newton candidates on the
+    # ELBO besides (their Hessian over UCBadmit's 306 natural parameters cost most of the start's).
     start_config = config._replace(learning_rate=1.0, average=False, mode="global", minibatch=False, init={}, newton=False)
-    algorithm = build_blr(start_plan, start_config)
+    algorithm = build_blr(start_plan, start_config, by_merit=True)
 
     def start(rng_key, natural, params, arrays):
         state = BLRState(natural=natural, site_params={}, params=params, step=jnp.zeros((), jnp.int32), rng_key=rng_key)

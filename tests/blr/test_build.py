@@ -43,3 +43,21 @@ def test_a_step_traced_again_runs_no_model_code_and_the_fit_is_unchanged(rng_key
     np.testing.assert_allclose(
         jax.jit(algorithm.step)(state, plan.arrays)[1].elbo, algorithm.step(state, plan.arrays)[1].elbo, rtol=1e-12
     )
+
+
+def test_a_newton_start_judged_by_the_mode_never_evaluates_the_delta_elbo(monkeypatch, rng_key):
+    """The start's steps judge, report and carry log p̄(m) (``build_blr(by_merit=True)``): its
+    program holds one objective, and the only ELBO traced in ``init`` is the fit's own first one."""
+    from dataclasses import replace
+
+    from blrppl.blr import build
+    from models import ZOO
+
+    args, kwargs = ZOO["logistic_regression"].data()
+    engine = blrppl.NonConjugateVI(ZOO["logistic_regression"].model)
+    plan = engine.plan(*args, **kwargs)
+    assert plan.start_estimators and build.judged_by_mode(replace(plan, estimators=plan.start_estimators))
+    traced, original = [], build.elbo_terms
+    monkeypatch.setattr(build, "elbo_terms", lambda *a, **k: traced.append(a[2]) or original(*a, **k))
+    jax.make_jaxpr(engine.build(plan).init)(rng_key, plan.arrays)
+    assert traced == [plan.estimators]
