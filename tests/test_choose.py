@@ -71,6 +71,9 @@ def test_the_joint_block_rule_reads_the_plans_verdicts(monkeypatch):
     monkeypatch.setattr(plan_module, "graph_verdicts", lambda *a: analysed.append(1) or original(*a))
     choice = blrppl.choose(poisson_hierarchy, g, y=y)
     assert choice.engine.config.blocks == "all" and not analysed  # no second analysis of every factor
+    # The choice carries the joint plan, made from the same verdicts: fit(choice.plan) plans nothing.
+    assert [v for v, q in choice.plan.qs.items() if q.joint] == ["mu+sd+eff"]
+    assert choice.plan.qs.keys() == choice.engine.plan(g, y=y).qs.keys()
     # A plan whose q differ (a joined block) is not read: the factors are analysed again.
     joined = blrppl.NonConjugateVI(poisson_hierarchy, blocks=[("mu", "sd")]).plan(g, y=y)
     assert plan_module.nonconjugate_block(graph, joined) == reference and analysed

@@ -10,11 +10,13 @@ new data with the same signature reuses the compiled program.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import math
 import warnings
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import jax.numpy as jnp
 import numpy as np
@@ -158,7 +160,7 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
     if blocks == "all" and config.continuous_only:  # Laplace: one Gaussian over every latent
         blocks = [tuple(graph.variables)]
     elif blocks == "all":
-        blocks = nonconjugate_block(graph)
+        blocks = nonconjugate_block(graph, _MEAN_FIELD_PLAN.get())
     elif config.joint_gaussians and not blocks:
         blocks = joint_gaussian_blocks(graph, [s for s in graph.variables if s not in config.point_estimates])
     graph = as_point_estimates(graph, config.point_estimates)
@@ -307,6 +309,21 @@ def joint_gaussian_blocks(graph: FactorGraph, candidates) -> list[tuple[str, ...
     return out
 
 
+_MEAN_FIELD_PLAN: contextvars.ContextVar[Optional[Plan]] = contextvars.ContextVar("mean_field_plan", default=None)
+
+
+@contextlib.contextmanager
+def reading_verdicts_of(plan: Optional[Plan]) -> Iterator[None]:
+    """Within, a ``blocks="all"`` plan of the same model and data reads the factors' verdicts
+    off ``plan`` (a mean-field plan, such as :func:`blrppl.choose`'s), where its q are the
+    mean-field ones, instead of analysing every factor again (:func:`nonconjugate_block`)."""
+    token = _MEAN_FIELD_PLAN.set(plan)
+    try:
+        yield
+    finally:
+        _MEAN_FIELD_PLAN.reset(token)
+
+
 def nonconjugate_block(graph: FactorGraph, planned: Optional[Plan] = None) -> list[tuple[str, ...]]:
     """``blocks="all"`` of NonConjugateVI: one block over the continuous latents of non-conjugate factors.
 
@@ -321,7 +338,7 @@ def nonconjugate_block(graph: FactorGraph, planned: Optional[Plan] = None) -> li
       ModelError: when the block would exceed ``MAX_JOINT_SIZE`` scalars.
     """
     qs = {name: variable_q(node, graph.plates) for name, node in graph.variables.items()}
-    if planned is not None and _same_qs(planned.qs, qs):
+    if planned is not None and planned.graph.factors.keys() == graph.factors.keys() and _same_qs(planned.qs, qs):
         verdicts = planned.verdicts
     else:
         transforms = {v: q.transform for v, q in qs.items() if q.transform is not None}
