@@ -117,6 +117,22 @@ def safe_global_update(
         k, candidate, valid = jax.lax.while_loop(cond, body, (jnp.ones((), jnp.int32), *operands))
         return jax.tree.map(lambda c, old: jnp.where(valid, c, old), candidate, natural), ~valid
 
+    if family.safe_step is not None:
+        # A safe step is Eq. 58 wherever that is valid: a valid Eq. 58 step is taken as it is;
+        # else the safe step with ρ, ρ/2, ... in one loop. The safe step (a Gaussian's solves) is
+        # written once in the program, not before the loop and again in it, and not evaluated
+        # where Eq. 58 is valid (a tenth of a hierarchical model's start and step programs).
+        plain = jax.tree.map(lambda lam, t: (1.0 - rho) * lam + rho * t, natural, target)  # Eq. 58
+        valid = is_valid_natural(family, plain)
+
+        def safe(operands):  # k = 0, 1, ...: the safe step with ρ, ρ/2, ...
+            _, candidate, found = jax.lax.while_loop(
+                cond, body, (jnp.zeros((), jnp.int32), natural, jnp.zeros((), bool))
+            )
+            return jax.tree.map(lambda c, old: jnp.where(found, c, old), candidate, natural), ~found
+
+        return jax.lax.cond(valid, lambda o: (o[0], ~o[1]), safe, (plain, valid))
+
     # A valid first step (the rule) is taken as it is, without a select over λ.
     # (Under vmap the cond runs both branches; the loop then starts from each
     # member's own verdict, so valid members take no halving.)

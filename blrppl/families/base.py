@@ -88,7 +88,9 @@ class ExpFamily(NamedTuple):
             loop in the restarts' start program); None: ``sample``.
         safe_step: ``(λ, λ̂, ρ) -> λ``, the BLR step (Eq. 58) kept in the
             natural parameter space (Gaussians: the improved BLR of Lin,
-            Schmidt & Khan 2020); None for the plain step with step halving.
+            Schmidt & Khan 2020); equal to Eq. 58 wherever that is valid (the
+            update takes a valid Eq. 58 step without calling it); None for the
+            plain step with step halving.
         index_valued: the values are category indices (Categorical and its
             chain): the symbolic layer enumerates them where they index arrays.
         support_probs: for a finite discrete family on {0, ..., K-1}, ``(q, μ)

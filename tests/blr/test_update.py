@@ -44,6 +44,30 @@ def test_safe_step_keeps_a_gaussian_valid_where_the_plain_step_would_not():
     assert bool(NORMAL.is_valid(safe)) and not bool(rejected)
 
 
+def test_a_safe_step_is_written_once_taken_only_where_eq_58_is_invalid_and_halved_where_it_fails():
+    """The family's safe step (a Gaussian's solves) appears once in the update's program, runs only
+    where Eq. 58 leaves the space, and is retried with ρ/2, ρ/4, ... where it fails."""
+    calls = []
+
+    def flaky(natural, target, r):  # a safe step that fails (not finite) for r > 0.3
+        calls.append(r)
+        return jax.tree.map(lambda x: jnp.where(r > 0.3, jnp.nan, x), NORMAL.safe_step(natural, target, r))
+
+    family = NORMAL._replace(safe_step=flaky)
+    lam = NormalStats(jnp.array(0.0), jnp.array(-0.5))
+    bad = [NormalStats(jnp.array(1.0), jnp.array(0.5))]  # precision -1: Eq. 58 leaves the space at ρ = 0.9
+    jax.make_jaxpr(lambda lam: safe_global_update(family, lam, bad, 0.9))(lam)
+    assert len(calls) == 1
+    new, rejected = safe_global_update(family, lam, bad, 0.9)
+    expected = NORMAL.safe_step(lam, bad[0], 0.225)  # ρ/4: the first try the step takes
+    assert not bool(rejected) and bool(NORMAL.is_valid(new))
+    np.testing.assert_allclose([new.x, new.x_sq], [expected.x, expected.x_sq], rtol=1e-14)
+    good = [NormalStats(jnp.array(1.0), jnp.array(-1.0))]
+    new, rejected = safe_global_update(family, lam, good, 0.9)
+    plain = global_update(lam, good, 0.9)
+    assert not bool(rejected) and float(new.x) == float(plain.x) and float(new.x_sq) == float(plain.x_sq)
+
+
 def test_safe_step_halves_rho_for_families_without_their_own_safe_step():
     lam = GammaStats(log_x=jnp.array(1.0), x=jnp.array(-1.0))
     target = [GammaStats(log_x=jnp.array(-3.0), x=jnp.array(-1.0))]  # shape -2: invalid
