@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend.core import jaxprs_in_params
 
 from blrppl.blr.update import checked_global_update, global_update, local_update, safe_global_update
 from blrppl.families import GAMMA, NORMAL, SCALAR_CHAIN_GAUSSIAN, ChainGaussianStats, GammaStats, NormalStats
@@ -107,6 +108,27 @@ def test_checked_step_halves_a_chain_and_returns_the_moments_of_the_lambda_it_ke
     kept, rejected, *_ = both(bad)
     assert bool(rejected)
     assert_trees_close(kept, lam, rtol=0.0)
+
+
+def _scans(jaxpr) -> int:
+    """The ``scan`` equations in a jaxpr, nested ones included."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += eqn.primitive.name == "scan"
+        for sub in jaxprs_in_params(eqn.params):
+            count += _scans(sub)
+    return count
+
+
+def test_a_small_chains_check_is_written_once_in_the_update():
+    """A small λ's smoother (the check) appears once in the update's program: the first try is
+    the halving loop's first iteration, not a smoother before it and another in it."""
+    family = SCALAR_CHAIN_GAUSSIAN
+    lam = ChainGaussianStats(np.zeros(4), np.full(4, -1.0), np.full(3, 0.5))
+    target = ChainGaussianStats(np.ones(4), np.array([-1.0, 0.5, -1.0, -1.0]), np.full(3, 0.5))
+    smoother = _scans(jax.make_jaxpr(lambda n: family.mean_and_log_normalizer(n))(lam).jaxpr)
+    update = jax.make_jaxpr(lambda n: checked_global_update(family, n, [target], 1.0))(lam)
+    assert smoother > 0 and _scans(update.jaxpr) == smoother
 
 
 def assert_trees_close(actual, expected, rtol):
