@@ -46,8 +46,10 @@ def build_m_step(plan: Any) -> Callable:
 
         def newton(carry):
             flat, value, i, _, stalled = carry
-            grad = jax.grad(objective)(flat)
-            hess = jax.hessian(objective)(flat)
+            # The gradient and the Hessian's columns (as jax.hessian) from one program: the gradient
+            # is the primal output of the Hessian-vector products.
+            basis = jnp.eye(flat.shape[0], dtype=flat.dtype)
+            grad, hess = jax.vmap(lambda v: jax.jvp(jax.grad(objective), (flat,), (v,)), out_axes=(None, 1))(basis)
             # Ascent direction: Newton where the Hessian is negative definite,
             # else the gradient (never a step downhill).
             direction = -jnp.linalg.solve(hess, grad)
@@ -66,7 +68,10 @@ def build_m_step(plan: Any) -> Callable:
                 step, new_value = c
                 return ((new_value < value - tol) | ~jnp.isfinite(new_value)) & (step > 2.0**-MAX_HALVINGS)
 
-            step, new_value = jax.lax.while_loop(worse, halve, (jnp.ones(()), objective(flat + direction)))
+            # The full step is the loop's first try (from step 2 and no value): the objective is
+            # written once in the loop, not before it and again in it.
+            no_value = jnp.asarray(-jnp.inf, value.dtype)
+            step, new_value = jax.lax.while_loop(worse, halve, (jnp.full((), 2.0, flat.dtype), no_value))
             accept = jnp.isfinite(new_value) & (new_value >= value - tol)
             new_flat = jnp.where(accept, flat + step * direction, flat)
             new_value = jnp.where(accept, new_value, value)
