@@ -132,36 +132,44 @@ def _scaled_forward_step(alpha, inputs):
     new = (alpha @ pair) * unary
     scale = jnp.sum(new)
     new = new / scale
-    return new, (new, jnp.log(scale))
+    return new, (new, scale)
 
 
 def _scaled_backward_step(beta, inputs):
-    unary_next, pair = inputs
+    unary_next, pair, alpha = inputs
     new = pair @ (unary_next * beta)
     new = new / jnp.sum(new)
-    return new, new
+    return new, (new, jnp.dot(alpha, new))
 
 
-def _scaled_forward(unary: Array, pair: Array, shift: Array) -> tuple[Array, Array]:
-    """Normalised α_t (T, K) on probabilities and A(λ): the log scales, the first step's and the shift."""
+def _scaled_forward(unary: Array, pair: Array, shift: Array) -> tuple[Array, Array, Array]:
+    """Normalised α_t (T, K) on probabilities, the step scales c_t (T-1,: α_t's sums before
+    normalising, from t = 2) and A(λ): the log scales, the first step's and the shift."""
     first_scale = jnp.sum(unary[0])
     first = unary[0] / first_scale
-    _, (rest, log_scales) = jax.lax.scan(_scaled_forward_step, first, (unary[1:], pair))
-    return jnp.concatenate([first[None], rest]), jnp.log(first_scale) + jnp.sum(log_scales) + shift
+    _, (rest, scales) = jax.lax.scan(_scaled_forward_step, first, (unary[1:], pair))
+    log_norm = jnp.log(first_scale) + jnp.sum(jnp.log(scales)) + shift
+    return jnp.concatenate([first[None], rest]), scales, log_norm
 
 
 def _mean_and_norm_scaled(natural: ChainCategoricalStats) -> tuple[ChainCategoricalStats, Array]:
     """:func:`_mean_and_norm_one` on probabilities (float64): the scaled forward-backward of
-    Rabiner (1989), with each step's potentials exponentiated less their maximum beforehand."""
+    Rabiner (1989), with each step's potentials exponentiated less their maximum beforehand.
+
+    No marginal is normalised by a sum over its categories: the backward pass also returns
+    n_t = Σ_k α_t(k) β_t(k), so q(z_t) = α_t β_t / n_t, and the pairwise marginal's normaliser
+    Σ_ij α_t(i) P_t(i, j) u_{t+1}(j) β_{t+1}(j) = c_{t+1} n_{t+1} (c: the forward scales), so
+    q(z_t, z_{t+1}) is one elementwise product over (T-1, K, K), with no reduction over K x K.
+    """
     unary, pair, shift = _scaled_potentials(natural)
-    alpha, log_norm = _scaled_forward(unary, pair, shift)
+    alpha, scales, log_norm = _scaled_forward(unary, pair, shift)
     last = jnp.ones_like(unary[-1])
-    _, rest = jax.lax.scan(_scaled_backward_step, last, (unary[1:], pair), reverse=True)
+    _, (rest, norms) = jax.lax.scan(_scaled_backward_step, last, (unary[1:], pair, alpha[:-1]), reverse=True)
     beta = jnp.concatenate([rest, last[None]])
-    marginals = alpha * beta
-    marginals = marginals / jnp.sum(marginals, axis=-1, keepdims=True)
-    joint = alpha[:-1, :, None] * pair * (unary[1:] * beta[1:])[:, None, :]
-    joint = joint / jnp.sum(joint, axis=(-2, -1), keepdims=True)
+    norms = jnp.concatenate([norms, jnp.sum(alpha[-1])[None]])
+    marginals = alpha * (beta / norms[:, None])
+    weights = unary[1:] * beta[1:] / (scales * norms[1:])[:, None]
+    joint = alpha[:-1, :, None] * pair * weights[:, None, :]
     return ChainCategoricalStats(one_hot=marginals, pair=joint), log_norm
 
 
@@ -200,7 +208,7 @@ def log_normalizer(natural: ChainCategoricalStats) -> Array:
         2.0794415416798357
     """
     if _in_probabilities(natural):
-        return _over_batch(lambda n: _scaled_forward(*_scaled_potentials(n))[1], natural)
+        return _over_batch(lambda n: _scaled_forward(*_scaled_potentials(n))[2], natural)
     return _over_batch(lambda n: _forward(n)[1], natural)
 
 

@@ -198,3 +198,24 @@ def test_float64_recursions_on_probabilities_equal_log_space_at_extreme_potentia
     np.testing.assert_allclose(cc.log_normalizer(natural), ref_norm, rtol=1e-12)
     single = jax.tree.map(lambda a: a.astype(np.float32), natural)
     assert not cc._in_probabilities(single)  # float32 keeps log space (87 nats of range)
+
+
+def test_float64_marginals_are_normalised_without_a_reduction_over_categories():
+    """The pairwise marginal's normaliser is the forward scale times the backward pass's
+    Σ_k α_t β_t (no sum over K x K per step, a slow reduction over two tiny trailing axes on a
+    CPU), and the marginals' is that same per-step number: no per-step sum in the program
+    reads a (T-1, K, K) or (T, K) array (the shifts' per-step maxima remain), yet every
+    marginal sums to one."""
+    rng = np.random.default_rng(5)
+    natural = cc.ChainCategoricalStats(jnp.asarray(rng.normal(size=(50, 3))), jnp.asarray(rng.normal(size=(49, 3, 3))))
+    jaxpr = jax.make_jaxpr(cc.mean_and_log_normalizer)(natural).jaxpr
+    over_time = [
+        e for e in jaxpr.eqns
+        if e.primitive.name == "reduce_sum" and len(e.invars[0].aval.shape) >= 2
+        and e.invars[0].aval.shape[0] >= 49 and 0 not in e.params["axes"]
+    ]
+    assert not over_time
+    mean, _ = cc.mean_and_log_normalizer(natural)
+    np.testing.assert_allclose(mean.one_hot.sum(-1), 1.0, rtol=1e-13)
+    np.testing.assert_allclose(mean.pair.sum((-2, -1)), 1.0, rtol=1e-13)
+    np.testing.assert_allclose(mean.pair.sum(-1), mean.one_hot[:-1], rtol=1e-12)
