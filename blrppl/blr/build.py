@@ -295,8 +295,9 @@ def build_blr(
             known = {v: known[v] if v in known else missing[v] for v in natural}
         else:
             known = None  # the ELBO computes them (no chain among the variables)
+        values: dict = {}  # factor -> E_q[log f] at the new point estimates, from the M-step
         if m_step is not None:
-            params = m_step(m_key, natural, params, arrays, {v: m for v, (m, _) in known.items()})
+            params, values = m_step(m_key, natural, params, arrays, {v: m for v, (m, _) in known.items()})
         running = polynomial_average(state.average, natural, t) if average else state.average
         new_state = state._replace(natural=natural, site_params=sites, params=params, step=t, average=running)
         if state.off_target is not None:  # a state made by ``finish`` carries it (a Newton start's does not)
@@ -306,7 +307,7 @@ def build_blr(
         elif by_merit:
             value, size = merit_of(elbo_key, natural, params, arrays), None
         else:
-            value, size = elbo_and_scale(elbo_key, new_state, arrays, batch, known)
+            value, size = elbo_and_scale(elbo_key, new_state, arrays, batch, known, values)
         size = None if state.elbo_scale is None else size  # a state made by ``finish`` carries it
         taken = ~jnp.any(jnp.stack(rejected)) if rejected else jnp.ones((), bool)
         return new_state._replace(elbo=value if guard else None, elbo_scale=size), value, taken, unbounded
@@ -390,22 +391,20 @@ def build_blr(
         rng_key: jax.Array, state: BLRState, arrays: Any, batch: Optional[jax.Array] = None, known: Optional[dict] = None
     ) -> jax.Array:
         """The ELBO of q (with a minibatch, its unbiased minibatch estimate); ``known``: q's moments, if computed."""
-        return cached_elbo(rng_key, state.natural, state.params, arrays, batch, known)[0]
+        return cached_elbo(rng_key, state.natural, state.params, arrays, batch, known, None)[0]
 
-    def elbo_and_scale(
-        rng_key: jax.Array, state: BLRState, arrays: Any, batch: Optional[jax.Array] = None, known: Optional[dict] = None
-    ) -> tuple:
+    def elbo_and_scale(rng_key, state: BLRState, arrays, batch=None, known=None, values=None) -> tuple:
         """The ELBO and the size of its terms (``BLRState.elbo_scale``), from one trace."""
-        return cached_elbo(rng_key, state.natural, state.params, arrays, batch, known)
+        return cached_elbo(rng_key, state.natural, state.params, arrays, batch, known, values or None)
 
     @jax.jit
-    def cached_elbo(rng_key, natural, params, arrays, batch, known):
+    def cached_elbo(rng_key, natural, params, arrays, batch, known, values):
         """The ELBO's Python code, traced once per shapes (the start, the guard, each attempt), and
         the size of its terms (left out by the compiler where unused)."""
         local_axes = sub.local_axes if sub is not None else {}
         return elbo_terms(
             rng_key, qs, estimators, natural, params, arrays, batch, plate_factors, local_axes, scale,
-            skip=plan.imputed, rows=plan.orphans, known=known, estimates=estimates, with_scale=True,
+            skip=plan.imputed, rows=plan.orphans, known=known, estimates=estimates, with_scale=True, values=values,
         )
 
     @jax.jit

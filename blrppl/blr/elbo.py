@@ -38,6 +38,7 @@ def elbo_terms(
     known: Optional[Mapping[str, Any]] = None,
     estimates: Optional[Sequence[Any]] = None,
     with_scale: bool = False,
+    values: Optional[Mapping[str, jax.Array]] = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """ELBO = Σ_f E_q[log f] + Σ_v H[q_v].
 
@@ -59,6 +60,8 @@ def elbo_terms(
     ``with_scale``: also return Σ_f |E_q[log f]| + Σ_v |H[q_v]|, the size of the terms
     whose sum the ELBO is (its rounding noise is that times the dtype's epsilon:
     :func:`blrppl.blr.checks.unresolved_elbo_error`).
+    ``values``: factor -> E_q[log f] at ``params`` already computed (EM's M-step), used as is
+    for factors outside the minibatch.
     """
     rows = rows or {}
     local_axes = local_axes or {}
@@ -73,6 +76,8 @@ def elbo_terms(
         if batch is not None and est.factor in plate_factors:
             value, _ = estimate(key, mean, params, arrays, batch=batch)
             terms.append(scale * value)
+        elif values and est.factor in values:
+            terms.append(values[est.factor])
         else:
             terms.append(estimate(key, mean, params, arrays)[0])
     for v, h in entropy_terms(qs, natural, known).items():

@@ -5,7 +5,9 @@ point estimates, as a function of their values; it is maximised by Newton's
 method on the unconstrained space of each ``numpyro.param``'s constraint,
 with step halving so that the objective never decreases (beyond rounding). When the objective
 is quadratic in the unconstrained parameter (means), one Newton step is the
-closed-form M-step; otherwise a few steps reach it to machine precision.
+closed-form M-step; otherwise a few steps reach it to machine precision. An exact
+factor's expectation is first contracted over q and the data (the expected
+sufficient statistics), so that the Newton iterations never pass over the data.
 """
 
 from __future__ import annotations
@@ -23,8 +25,13 @@ MAX_HALVINGS = 30
 
 
 def build_m_step(plan: Any) -> Callable:
-    """``(rng_key, natural, params, arrays, mean=None) -> params`` for a plan with point estimates
-    (``mean``: q's mean parameters, when the caller has computed them already)."""
+    """``(rng_key, natural, params, arrays, mean=None) -> (params, values)`` for a plan with point
+    estimates (``mean``: q's mean parameters, when the caller has computed them already).
+
+    ``values`` maps each exact factor touching the point estimates to its E_q[log f] at the new
+    ``params``, read off the contracted expectation (O(size of the points)): the step's ELBO
+    reuses them instead of passing over the data again.
+    """
     names = tuple(plan.init_params)
     transforms = plan.param_transforms
     estimators = [e for e in plan.estimators if _touches(plan, e.factor, names)]
@@ -37,12 +44,18 @@ def build_m_step(plan: Any) -> Callable:
         u0 = {n: transforms[n].inv(params[n]) for n in names}
         flat0, unravel = ravel_pytree(u0)
 
+        # An exact factor's expectation is contracted over q and the data once, here: each
+        # Newton iteration then costs O(size of the point estimates), not a pass over the data.
+        at_points = [e.at_points(mean, arrays) if e.at_points is not None else None for e in estimators]
+
+        def expected(e, at, p):
+            return at(p) if at is not None else e.estimate(rng_key, mean, p, arrays)[0]
+
         # Traced once: its value, gradient, Hessian and step halvings reuse the jaxpr.
         @jax.jit
         def objective(flat):
-            p = to_params(unravel(flat))
-            p = {**params, **p}
-            return sum(e.estimate(rng_key, mean, p, arrays)[0] for e in estimators)
+            p = {**params, **to_params(unravel(flat))}
+            return sum(expected(e, at, p) for e, at in zip(estimators, at_points))
 
         def newton(carry):
             flat, value, i, _, stalled = carry
@@ -93,7 +106,9 @@ def build_m_step(plan: Any) -> Callable:
 
         start = (flat0, objective(flat0), jnp.zeros((), jnp.int32), jnp.zeros((), bool), jnp.zeros((), bool))
         flat = jax.lax.while_loop(cond, newton, start)[0]
-        return {**params, **to_params(unravel(flat))}
+        params = {**params, **to_params(unravel(flat))}
+        values = {e.factor: at(params) for e, at in zip(estimators, at_points) if at is not None}
+        return params, values
 
     return m_step
 

@@ -144,6 +144,9 @@ class FactorEstimator(NamedTuple):
         statistic), ``(params, arrays) -> c_f = E_q[log f] - <λ̃_f, μ>``, the
         part that does not depend on q (:func:`blrppl.blr.elbo.exact_evidence`);
         else None.
+      at_points: for exact site parameters, ``(mean, arrays) -> (params -> E_q[log f])``: the
+        expectation as a function of the point estimates alone, with q fixed at ``mean`` and
+        everything else contracted once (EM's M-step, :mod:`blrppl.blr.mstep`); else None.
     """
 
     factor: str
@@ -158,6 +161,7 @@ class FactorEstimator(NamedTuple):
     observation_sites: Any = None
     replay: Optional[Callable[[tuple], tuple[Any, Any]]] = None
     constant: Optional[Callable[[Any, Any], Any]] = None
+    at_points: Optional[Callable[[Any, Any], Callable]] = None
 
 
 def var_info(q: Any) -> VarInfo:

@@ -19,7 +19,14 @@ from blrppl.estimators.base import FactorEstimator, Method, factor_log_density, 
 from blrppl.graph.nodes import FactorGraph
 from blrppl.symbolic.canonical import Unsupported
 from blrppl.symbolic.analysis import analyse
-from blrppl.symbolic.expectation import POINT, VarInfo, expected_value, point_stats, stats_needed
+from blrppl.symbolic.expectation import (
+    POINT,
+    VarInfo,
+    contract_fixed_reads,
+    expected_value,
+    point_stats,
+    stats_needed,
+)
 from blrppl.symbolic.terms import NonConjugate
 
 
@@ -94,6 +101,12 @@ def exact_estimator(
         point_layout = points_layout(params)
         return expected_value(dataclasses.replace(analysis, terms=kept), point_layout)
 
+    def at_points(mean, arrays):
+        layout = {v: qs[v].to_value_layout(mean[v]) for v in neighbours}
+        reduced = contract_fixed_reads(arrays.factors[factor], layout, points)
+        return lambda params: expected_value(reduced, points_layout(params))
+
     return FactorEstimator(
-        factor, neighbours, Method(exact=neighbours), estimate, terms, terms, constant=constant if affine else None
+        factor, neighbours, Method(exact=neighbours), estimate, terms, terms,
+        constant=constant if affine else None, at_points=at_points,
     )

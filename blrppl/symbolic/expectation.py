@@ -55,7 +55,7 @@ from blrppl.symbolic.statistics import (
     point_stats,
     statistic_name,
 )
-from blrppl.symbolic.terms import Index
+from blrppl.symbolic.terms import Index, Operand
 
 __all__ = [
     "CHAIN",
@@ -66,6 +66,7 @@ __all__ = [
     "StatRead",
     "StatTerm",
     "VarInfo",
+    "contract_fixed_reads",
     "einsum_letters",
     "expected_value",
     "point_stats",
@@ -272,3 +273,46 @@ def expected_value(
         value = jnp.einsum(spec, *arrays, optimize="optimal" if len(arrays) < 5 else "greedy")
         total = total + term.coeff * multiplier * value
     return total
+
+
+def contract_fixed_reads(analysis: Analysis, mean: Mapping, kept: Iterable[str]) -> Analysis:
+    """The analysis with the reads of every variable not in ``kept`` contracted into the operands.
+
+    With q's mean parameters fixed (EM's M-step, Khan & Rue Sec. 5.2), each term's
+    operand and reads of other variables are summed, once, over every label that no read
+    of a ``kept`` variable carries: ``expected_value(result, kept_mean)`` equals
+    ``expected_value(analysis, {**mean, **kept_mean})``, but costs O(size of the kept
+    variables' reads) instead of a pass over the data. A per-observation analysis is
+    read whole (no minibatch).
+
+    Args:
+      analysis: a factor's analysis (may be traced).
+      mean: value-layout mean parameters of the variables not in ``kept``.
+      kept: the variables left as reads (point estimates).
+    """
+    kept = set(kept)
+    count = analysis.obs_size
+    terms = []
+    for term in analysis.terms:
+        arrays, label_lists = [], []
+        if term.operand is not None:
+            arrays.append(jnp.asarray(term.operand.array))
+            label_lists.append(list(term.operand.labels))
+        reads = tuple(r for r in term.reads if r.var in kept)
+        for read in term.reads:
+            if read.var not in kept:
+                array, labels = read_statistic(mean, read)
+                arrays.append(array)
+                label_lists.append(labels)
+        coeff = term.coeff * (count if (analysis.obs_label is not None and term.obs_label is None) else 1)
+        if not arrays:
+            terms.append(StatTerm(coeff, None, reads))
+            continue
+        kept_labels = {lab for r in reads for idx in r.index for lab in idx.labels}
+        out = [lab for lab in einsum_letters(label_lists) if lab in kept_labels]
+        letters = einsum_letters(label_lists)
+        spec = ",".join("".join(letters[lab] for lab in labs) for labs in label_lists)
+        spec += "->" + "".join(letters[lab] for lab in out)
+        operand = jnp.einsum(spec, *arrays, optimize="optimal" if len(arrays) < 5 else "greedy")
+        terms.append(StatTerm(coeff, Operand(operand, tuple(out)), reads))
+    return Analysis(tuple(terms))
