@@ -325,9 +325,8 @@ def _categorical_start(rng_key: jax.Array, q: Any, points: Optional[jax.Array]) 
         # Dirichlet(1, ..., 1): normalised exponential draws (exact, and no rejection loop to compile)
         exponentials = -jnp.log(jax.random.uniform(rng_key, q.shape + (num,), minval=jnp.finfo(jnp.result_type(float)).tiny))
         probs = exponentials / jnp.sum(exponentials, -1, keepdims=True)
-    if q.family.chain:
-        pair = jnp.zeros(q.batch_shape + (q.shape[q.num_batch] - 1, num, num))
-        return q.family.stats_type(one_hot=jnp.log(probs), pair=pair)
+    if q.family.chain:  # the example's pair potentials: zero
+        return q.example_natural()._replace(one_hot=jnp.log(probs))
     return q.family.stats_type(one_hot=jnp.log(probs))
 
 

@@ -17,6 +17,7 @@ from blrppl.families.inverse_gamma import INVERSE_GAMMA, InverseGammaStats
 from blrppl.families.mvn import MULTIVARIATE_NORMAL, MVNStats
 from blrppl.families.normal import DIAGONAL_NORMAL, NORMAL, NormalStats
 from blrppl.families.point_mass import PointMass
+from blrppl.families.tied_chain_categorical import TIED_CHAIN_CATEGORICAL, TiedChainStats
 from blrppl.families.layout import Layout, VariableQ
 from blrppl.families.registry import (
     CHAIN_CATEGORICAL,
@@ -42,6 +43,7 @@ __all__ = [
     "CHAIN_GAUSSIAN_PARALLEL",
     "SCALAR_CHAIN_GAUSSIAN",
     "SCALAR_CHAIN_GAUSSIAN_PARALLEL",
+    "TIED_CHAIN_CATEGORICAL",
     "DIAGONAL_NORMAL",
     "DIRICHLET",
     "FAMILIES",
@@ -63,6 +65,7 @@ __all__ = [
     "MVNStats",
     "NormalStats",
     "PointMass",
+    "TiedChainStats",
     "VariableQ",
     "WishartStats",
     "default_family_name",

@@ -52,6 +52,7 @@ from blrppl.families.gamma import GAMMA
 from blrppl.families.inverse_gamma import INVERSE_GAMMA
 from blrppl.families.mvn import MULTIVARIATE_NORMAL
 from blrppl.families.normal import DIAGONAL_NORMAL, NORMAL
+from blrppl.families.tied_chain_categorical import TIED_CHAIN_CATEGORICAL
 from blrppl.families.wishart import WISHART
 
 FAMILIES: dict[str, ExpFamily] = {
@@ -72,6 +73,7 @@ FAMILIES: dict[str, ExpFamily] = {
         SCALAR_CHAIN_GAUSSIAN,
         SCALAR_CHAIN_GAUSSIAN_PARALLEL,
         CHAIN_CATEGORICAL,
+        TIED_CHAIN_CATEGORICAL,
     )
 }
 """Every exponential family for q, by the name used in ``families={site: name}``."""

@@ -73,6 +73,7 @@ def test_families_are_named_by_their_key():
         "ScalarChainGaussian",
         "ScalarChainGaussianParallel",
         "ChainCategorical",
+        "TiedChainCategorical",
     }
     for name, family in FAMILIES.items():
         assert isinstance(family, ExpFamily)
