@@ -31,6 +31,7 @@ from blrppl.blr.orphans import integrate_orphans, masked_graph, orphan_rows
 from blrppl.blr.sharding import follow_data_sharding
 from blrppl.blr.signature import plan_signature
 from blrppl.blr.starts import start_arrays
+from blrppl.blr.tying import not_exact, tied, tied_candidates
 from blrppl.errors import ModelError, needs_values_error
 from blrppl.estimators.base import FactorEstimator, PlanArrays, q_space_examples
 from blrppl.graph.concrete import example_latents, with_held_data
@@ -44,6 +45,7 @@ from blrppl.graph.families import variable_q
 from blrppl.graph.nodes import FactorGraph, Plate
 from blrppl.graph.points import as_point_estimates
 from blrppl.graph.trace import CONCRETE_VALUE_ERRORS, build_graph, site_needing_values
+from blrppl.symbolic.tied import UntiedChain
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,26 +182,25 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
     plate_factors = frozenset()
     if plate is not None:
         plate_factors = frozenset(f for f, node in graph.factors.items() if plate.name in node.plates)
-    full_plate = None if plate is None else dataclasses.replace(plate, subsample_size=plate.size)
-    estimators, verdicts = [], {}
-    for name in graph.factors:
-        obs_plate = full_plate if name in plate_factors else None
+    # Stationary discrete chains get the tied family where every factor allows (blrppl.blr.tying).
+    candidates = tied_candidates(graph, qs, config, plate is not None)
+    qs.update({v: tied(qs[v]) for v in candidates})
+    built: dict = {}
+    while True:
         try:
-            estimator, edges = choose_estimator(
-                graph, name, qs, examples, init_params, config.estimators, obs_plate,
-                plate if name in plate_factors else None,
-            )
-        except ModelError as error:
-            if config.posterior_in_family:
-                raise ModelError(
-                    f"{error} {config.name} needs conjugate factors; VMP fits the same model by coordinate ascent."
-                ) from None
-            raise
-        except CONCRETE_VALUE_ERRORS as error:
-            site = site_needing_values(graph) or name
-            raise needs_values_error(site, error, "blrppl traces it") from error
-        estimators.append(estimator)
-        verdicts[name] = edges
+            for name in graph.factors:
+                if name not in built:
+                    built[name] = _estimator(graph, name, qs, examples, init_params, config, plate, plate_factors)
+            untie = not_exact(qs, (est for est, _ in built.values()))
+        except UntiedChain as error:
+            untie = [error.var]
+        if not untie:
+            break
+        for v in untie:  # in place: the estimators built already close over ``qs``
+            qs[v] = variable_q(graph.variables[v], graph.plates)
+            built = {f: b for f, b in built.items() if v not in graph.factors[f].neighbours}
+    estimators = [built[name][0] for name in graph.factors]
+    verdicts = {name: built[name][1] for name in graph.factors}
     orphans = {} if plate is not None else orphan_rows(graph, _imputed(graph))
     if orphans:
         estimators = _integrate_orphans(graph, orphans, estimators, qs, examples, init_params, config)
@@ -230,6 +231,25 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
         graph, qs, tuple(estimators), init_params, param_transforms, verdicts, subsample, arrays, data_static,
         start_estimators, _imputed(graph), orphans, held,
     )
+
+
+def _estimator(graph, name, qs, examples, params, config, plate, plate_factors) -> tuple:
+    """``choose_estimator`` for one factor of the plan, its errors in the user's terms."""
+    full_plate = None if plate is None else dataclasses.replace(plate, subsample_size=plate.size)
+    try:
+        return choose_estimator(
+            graph, name, qs, examples, params, config.estimators, full_plate if name in plate_factors else None,
+            plate if name in plate_factors else None,
+        )
+    except ModelError as error:
+        if config.posterior_in_family:
+            raise ModelError(
+                f"{error} {config.name} needs conjugate factors; VMP fits the same model by coordinate ascent."
+            ) from None
+        raise
+    except CONCRETE_VALUE_ERRORS as error:
+        site = site_needing_values(graph) or name
+        raise needs_values_error(site, error, "blrppl traces it") from error
 
 
 def _integrate_orphans(graph, orphans, estimators, qs, examples, params, config) -> list:

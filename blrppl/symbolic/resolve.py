@@ -28,8 +28,17 @@ from blrppl.symbolic.pairing import (
     independent_reads,
     point_reads,
 )
-from blrppl.symbolic.statistics import CATEGORICAL, CHAIN, CHAIN_CATEGORICAL, GAUSSIAN, POINT, VarInfo
+from blrppl.symbolic.statistics import (
+    CATEGORICAL,
+    CHAIN,
+    CHAIN_CATEGORICAL,
+    GAUSSIAN,
+    POINT,
+    TIED_CHAIN_CATEGORICAL,
+    VarInfo,
+)
 from blrppl.symbolic.terms import Index, Labels, NonConjugate, Operand, Poly, Term, VarAtom, substitute_term
+from blrppl.symbolic.tied import tie_transitions
 
 #: q kind -> how the reads of one variable in a term pair up (default: :func:`independent_reads`).
 PAIRINGS: dict[str, Callable[..., list[Alternative]]] = {
@@ -38,6 +47,7 @@ PAIRINGS: dict[str, Callable[..., list[Alternative]]] = {
     CATEGORICAL: categorical_reads,
     CHAIN: chain_reads,
     CHAIN_CATEGORICAL: chain_categorical_reads,
+    TIED_CHAIN_CATEGORICAL: chain_categorical_reads,  # then tied: :func:`tie_transitions`
 }
 
 
@@ -102,7 +112,7 @@ def resolve(poly: Poly, infos: Mapping[str, VarInfo], space: Labels) -> Analysis
                     new.append((coeff * sign, ops, rds, rst))
             alternatives = new
         for coeff, operands, reads, _ in alternatives:
-            out.append(_precontract(coeff, operands, reads, space, obs))
+            out.append(tie_transitions(_precontract(coeff, operands, reads, space, obs), infos))
     terms = _merge(out, obs)
     if poly.shape:
         return _renumber(Analysis(tuple(terms), obs, poly.shape[0]))

@@ -34,6 +34,7 @@ GAUSSIAN = "gaussian"
 POINT = "point"
 CHAIN = "chain_gaussian"
 CHAIN_CATEGORICAL = "chain_categorical"
+TIED_CHAIN_CATEGORICAL = "tied_chain_categorical"
 CATEGORICAL = "categorical"
 BERNOULLI = "bernoulli"
 
@@ -44,7 +45,7 @@ class VarInfo:
 
     ``kind``: ``"gaussian"``, ``"gamma"``, ``"inverse_gamma"``, ``"beta"``,
     ``"dirichlet"``, ``"bernoulli"``, ``"categorical"``, ``"wishart"``,
-    ``"chain_gaussian"``, ``"chain_categorical"`` or ``"point"`` (a point
+    ``"chain_gaussian"``, ``"chain_categorical"``, ``"tied_chain_categorical"`` or ``"point"`` (a point
     estimate).
     ``num_batch``: the leading axes of the value over which q factorises; the
     remaining axes form one block (a full covariance for a Gaussian).

@@ -201,7 +201,7 @@ def test_conjugate_bayes_is_forward_backward_per_sequence(layout, unequal, hmm_f
     else:
         padding = (MAX_LENGTH * NUM_SEQUENCES - lengths.sum()) * np.log(K)  # masked steps: uniform, log K each
     q = result.plan.qs["z"]
-    assert q.family.name == "ChainCategorical" and q.batch_shape[0] == NUM_SEQUENCES
+    assert q.family.name in ("ChainCategorical", "TiedChainCategorical") and q.batch_shape[0] == NUM_SEQUENCES
     marginals = _marginals(result)
     references = per_sequence(y, lengths, INIT, TRANS, MU, SIGMA)
     pairs = np.asarray(result.posterior["z"].pair_marginals).reshape(NUM_SEQUENCES, MAX_LENGTH - 1, K, K)

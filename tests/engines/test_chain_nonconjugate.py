@@ -92,7 +92,7 @@ def test_hmm_with_a_halfnormal_scale_is_exact_in_the_chain_and_means(rng_key):
     _, kwargs = hmm.data()  # a sticky two-state chain, means -2 and 2, noise sd 0.5
     result = blrppl.NonConjugateVI(hmm_halfnormal_scale).run(rng_key, 300, y=kwargs["y"], progress_bar=False, tol=1e-9)
     assert result.estimators["y"] == "exact+quadrature" and result.estimators["z"] == "exact"
-    assert result.plan.qs["z"].family.name == "ChainCategorical"
+    assert result.plan.qs["z"].family.name == "TiedChainCategorical"
     np.testing.assert_allclose(np.sort(np.asarray(result.posterior["mu"].mean)), [-2.0, 2.0], atol=0.2)
     np.testing.assert_allclose(float(result.posterior["sigma"].mean), 0.5, rtol=0.2)
     assert np.all(np.diff(np.asarray(result.elbo)[5:]) > -1e-6)

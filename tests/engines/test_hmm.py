@@ -84,7 +84,7 @@ def enumerate_paths(y, initial_log_probs):
 def test_conjugate_bayes_is_forward_backward_smoothing(rng_key):
     y = 2.0 * np.random.default_rng(0).normal(size=6)
     result = blrppl.ConjugateBayes(known_hmm).run(rng_key, 2, y=jnp.asarray(y), progress_bar=False)
-    assert result.plan.qs["z"].family.name == "ChainCategorical"
+    assert result.plan.qs["z"].family.name == "TiedChainCategorical"  # one transition matrix: the tied family
     evidence, marginals, pairs = enumerate_paths(y, np.log(INIT))
     q = result.posterior["z"]
     np.testing.assert_allclose(q.marginals, marginals, rtol=1e-10, atol=1e-14)
@@ -249,7 +249,8 @@ def test_vmp_site_parameters_are_exact(zoo_fit):
     natural = result.natural_params["z"]
     alpha = np.asarray(result.posterior["trans"].concentration)
     expected_log_trans = digamma(alpha) - digamma(alpha.sum(-1, keepdims=True))
-    np.testing.assert_allclose(natural.pair, np.broadcast_to(expected_log_trans, natural.pair.shape), rtol=1e-10)
+    assert result.plan.qs["z"].family.name == "TiedChainCategorical"  # one pair potential for every step
+    np.testing.assert_allclose(natural.transitions, expected_log_trans, rtol=1e-10)
     np.testing.assert_allclose(natural.one_hot[0], np.log(0.5), rtol=1e-12)
     # Converged, so the emission messages at the final q(mu), q(tau) are the ones used.
     q_mu, q_tau = result.posterior["mu"], result.posterior["tau"]
