@@ -19,7 +19,7 @@ import numpy as np
 from blrppl.graph import tape
 from blrppl.symbolic.compiled import StatRead, StatTerm
 from blrppl.symbolic.statistics import TIED_CHAIN_CATEGORICAL, VarInfo
-from blrppl.symbolic.terms import Operand
+from blrppl.symbolic.terms import Index, Operand
 
 
 class UntiedChain(Exception):
@@ -44,6 +44,43 @@ def tie_transitions(term: StatTerm, infos: Mapping[str, VarInfo]) -> StatTerm:
     return term
 
 
+def _without(index: Index, label) -> Index:
+    """``index`` without ``label`` where its array is the same all along that label's axis."""
+    if index.direct or label not in index.labels or len(index.labels) < 2:
+        return index
+    array = np.asarray(tape.concrete(index.array))
+    axis = index.labels.index(label)
+    first = np.take(array, [0], axis=axis)
+    if not np.array_equal(array, np.broadcast_to(first, array.shape)):
+        return index
+    return Index(index.labels[:axis] + index.labels[axis + 1 :], np.take(array, 0, axis=axis))
+
+
+def _drop_unweighted_steps(term: StatTerm, label, time: Index) -> tuple[StatTerm, Index]:
+    """``term`` read only at the positions of ``label`` its operand weighs (a constant mask, not
+    data: a scan's first step, whose "pair" with a constant initial carry the chain's reads
+    mask out), so that what it reads there does not count against the tie."""
+    operand = term.operand
+    if operand is None or label not in operand.labels or tape.is_dual(operand.array):
+        return term, time
+    if any(idx.direct and label in idx.labels for r in term.reads for idx in r.index):
+        return term, time  # an axis read in step with the steps: not sliced here
+    axis = operand.labels.index(label)
+    array = np.asarray(operand.array)
+    kept = np.flatnonzero(np.any(np.moveaxis(array, axis, 0).reshape(array.shape[axis], -1) != 0, axis=1))
+    if kept.size in (0, array.shape[axis]):
+        return term, time
+
+    def keep(index: Index) -> Index:
+        if index.direct or label not in index.labels:
+            return index
+        return Index(index.labels, np.take(np.asarray(tape.concrete(index.array)), kept, axis=index.labels.index(label)))
+
+    reads = tuple(StatRead(r.var, r.stat, tuple(keep(idx) for idx in r.index)) for r in term.reads)
+    new = StatTerm(term.coeff, Operand(np.take(array, kept, axis=axis), operand.labels), reads, term.obs_label)
+    return new, keep(time)
+
+
 def _tied(term: StatTerm, position: int, info: VarInfo) -> StatTerm:
     read = term.reads[position]
     nb = info.num_batch
@@ -52,6 +89,15 @@ def _tied(term: StatTerm, position: int, info: VarInfo) -> StatTerm:
     if len(time.labels) != 1:
         raise UntiedChain(read.var, "its pairs are read along several labels at once")
     label = time.labels[0]
+    term, time = _drop_unweighted_steps(term, label, time)
+    read = term.reads[position]
+    # Other reads may carry the step label in a gather that does not depend on it (a constant
+    # initial carry's row ``trans[0]`` joined with the pairs' rows): it is dropped there.
+    reads = tuple(
+        r if i == position else StatRead(r.var, r.stat, tuple(_without(idx, label) for idx in r.index))
+        for i, r in enumerate(term.reads)
+    )
+    term = StatTerm(term.coeff, term.operand, reads, term.obs_label)
     others = [idx for i, idx in enumerate(read.index) if i != nb]
     others += [idx for r in term.reads[:position] + term.reads[position + 1 :] for idx in r.index]
     if any(label in idx.labels for idx in others):

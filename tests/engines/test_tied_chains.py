@@ -124,3 +124,37 @@ def test_transitions_that_differ_between_steps_keep_the_untied_family_on_a_refit
     assert second.plan.qs["z"].family.name == "ChainCategorical"
     np.testing.assert_allclose(first.elbo[-1], _evidence(same, y), rtol=1e-12)
     np.testing.assert_allclose(second.elbo[-1], _evidence(varying, y), rtol=1e-12)
+
+
+def factorial_hmm(y):
+    """Two chains from a constant initial carry (the scan's first step reads ``trans[0]``), one
+    emission of both."""
+    with numpyro.plate("K", 2):
+        tx = numpyro.sample("tx", dist.Dirichlet(jnp.ones(2)))
+        tw = numpyro.sample("tw", dist.Dirichlet(jnp.ones(2)))
+        mx = numpyro.sample("mx", dist.Normal(0.0, 5.0))
+        mw = numpyro.sample("mw", dist.Normal(0.0, 5.0))
+
+    def step(carry, y_t):
+        x_prev, w_prev = carry
+        x = numpyro.sample("x", dist.Categorical(tx[x_prev]))
+        w = numpyro.sample("w", dist.Categorical(tw[w_prev]))
+        numpyro.sample("y", dist.Normal(mx[x] + mw[w], 0.5), obs=y_t)
+        return (x, w), None
+
+    scan(step, (0, 0), y)
+
+
+def test_chains_from_a_constant_initial_carry_are_tied(rng_key):
+    """The first step's row of the transition matrix, read at the constant carry and masked out of
+    the pair reads, does not untie the chains; a factorial HMM's two chains fit as untied ones."""
+    y = jnp.asarray(np.random.default_rng(0).normal(size=60) + np.repeat([0.0, 3.0, 1.0, 4.0] * 4, 4)[:60])
+    options = dict(progress_bar=False, tol=1e-10, num_restarts=1)
+    tied = blrppl.VMP(factorial_hmm).run(rng_key, 300, y, **options)
+    untied = blrppl.VMP(factorial_hmm, families={"x": "ChainCategorical", "w": "ChainCategorical"}).run(
+        rng_key, 300, y, **options
+    )
+    assert {tied.plan.qs[v].family.name for v in "xw"} == {"TiedChainCategorical"}
+    assert {untied.plan.qs[v].family.name for v in "xw"} == {"ChainCategorical"}
+    np.testing.assert_allclose(tied.elbo, untied.elbo, rtol=1e-11)
+    np.testing.assert_allclose(tied.posterior["x"].marginals, untied.posterior["x"].marginals, atol=1e-9)
