@@ -29,6 +29,7 @@ family's); in float32 in log space, through the untied family's code.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -193,16 +194,32 @@ def sample(rng_key: PRNGKey, natural: TiedChainStats, sample_shape: tuple = ()) 
 
 
 def is_valid(natural: TiedChainStats) -> Array:
-    """Return A(λ) finite and no +∞/NaN potential (as the untied family)."""
-    return untied.is_valid(expand(natural))
+    """Return A(λ) finite and no +∞/NaN potential, as the untied family: the forward pass runs
+    only where the bound |A(λ)| <= Σ|θ| + (T-1) Σ|ψ| + T log K is not finite."""
+    length, k = natural.one_hot.shape[-2:]
+    bound = (
+        jnp.sum(jnp.abs(natural.one_hot), axis=(-2, -1))
+        + (length - 1) * jnp.sum(jnp.abs(natural.transitions), axis=(-2, -1))
+        + length * math.log(k)
+    )
+    bounded = jnp.isfinite(bound)
+
+    def exact(n):
+        return _no_nan(n) & jnp.isfinite(log_normalizer(n))
+
+    return jax.lax.cond(jnp.all(bounded), lambda n: bounded, exact, natural)
+
+
+def _no_nan(natural: TiedChainStats) -> Array:
+    """No NaN and no +∞ potential (-∞ forbids a state or a transition), batch shaped."""
+    no_nan = jnp.all(~jnp.isnan(natural.one_hot) & (natural.one_hot < jnp.inf), axis=(-2, -1))
+    return no_nan & jnp.all(~jnp.isnan(natural.transitions) & (natural.transitions < jnp.inf), axis=(-2, -1))
 
 
 def checked_moments(natural: TiedChainStats) -> tuple[TiedChainStats, Array, Array]:
     """Return ``(μ, A(λ), is_valid(λ))`` from one forward-backward pass."""
     mean, log_norm = mean_and_log_normalizer(natural)
-    no_nan = jnp.all(~jnp.isnan(natural.one_hot) & (natural.one_hot < jnp.inf), axis=(-2, -1))
-    no_nan = no_nan & jnp.all(~jnp.isnan(natural.transitions) & (natural.transitions < jnp.inf), axis=(-2, -1))
-    return mean, log_norm, no_nan & jnp.isfinite(log_norm)
+    return mean, log_norm, _no_nan(natural) & jnp.isfinite(log_norm)
 
 
 def _example(q) -> TiedChainStats:

@@ -86,3 +86,17 @@ def test_values_draws_and_errors():
     untied_member = tc.expand(natural)._replace(pair=tc.expand(natural).pair.at[3].add(1.0))
     with pytest.raises(ModelError, match="differ between steps"):
         tc.from_numpyro(untied.to_numpyro(untied_member))
+
+
+def test_validity_needs_no_per_step_array():
+    """``is_valid`` bounds A(λ) from (T, K) and (K, K) sums, and falls back to the forward pass
+    (never an expansion to (T-1, K, K)) where a potential is infinite: a forbidden transition
+    is valid, a NaN or +∞ one is not."""
+    natural = _member(3, length=200)
+    jaxpr = jax.make_jaxpr(tc.is_valid)(natural)
+    assert "(199, 3, 3)" not in str(jaxpr).replace("f64[199,3,3]", "(199, 3, 3)")
+    valid = cheap_jit(tc.is_valid)
+    forbidden = natural._replace(transitions=natural.transitions.at[0, 2].set(-jnp.inf))
+    assert bool(valid(natural)) and bool(valid(forbidden))
+    assert not bool(valid(natural._replace(transitions=natural.transitions.at[1, 1].set(jnp.inf))))
+    assert not bool(valid(natural._replace(one_hot=natural.one_hot.at[5, 0].set(jnp.nan))))
