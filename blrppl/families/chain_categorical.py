@@ -31,6 +31,7 @@ so ``natural_params`` returns one representative, the canonical
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -425,10 +426,15 @@ def is_valid(natural: ChainCategoricalStats) -> Array:
     return jax.lax.cond(jnp.all(bounded), lambda n: bounded, exact, natural)
 
 
-def _no_nan(natural: ChainCategoricalStats) -> Array:
-    """No NaN and no +∞ potential (-∞ forbids a state or pair), batch shaped."""
-    no_nan = jnp.all(~jnp.isnan(natural.one_hot) & (natural.one_hot < jnp.inf), axis=(-2, -1))
-    return no_nan & jnp.all(~jnp.isnan(natural.pair) & (natural.pair < jnp.inf), axis=(-3, -2, -1))
+def _no_nan(natural) -> Array:
+    """No NaN and no +∞ potential (-∞ forbids a state or pair), batch shaped (any chain
+    Categorical's statistics: the unary field's last two axes are time and state)."""
+    batch = natural.one_hot.ndim - 2
+    ok = [
+        jnp.all(~jnp.isnan(field) & (field < jnp.inf), axis=tuple(range(batch, field.ndim)))
+        for field in natural
+    ]
+    return functools.reduce(jnp.logical_and, ok)
 
 
 def checked_moments(natural: ChainCategoricalStats) -> tuple[ChainCategoricalStats, Array, Array]:
@@ -520,11 +526,12 @@ def _example(q) -> ChainCategoricalStats:
     )
 
 
-def start_at(natural: ChainCategoricalStats, value: ArrayLike) -> ChainCategoricalStats:
-    """Marginals 0.9 on the states ``value`` (0.1 spread over all K), no pair potentials."""
+def start_at(natural, value: ArrayLike):
+    """Marginals 0.9 on the states ``value`` (0.1 spread over all K), no pair potentials (any
+    chain Categorical's statistics: every field after the unary one is a pair potential)."""
     num = natural.one_hot.shape[-1]
     probs = 0.9 * jax.nn.one_hot(jnp.asarray(value).astype(jnp.int32), num) + 0.1 / num
-    return natural._replace(one_hot=jnp.log(probs), pair=jnp.zeros_like(natural.pair))
+    return type(natural)(jnp.log(probs), *(jnp.zeros_like(field) for field in natural[1:]))
 
 
 CHAIN_CATEGORICAL = ExpFamily(

@@ -54,18 +54,14 @@ class TiedChainStats(NamedTuple):
 _STATS_NDIM = (2, 2)
 
 
-def _batch_shape(natural: TiedChainStats) -> tuple[int, ...]:
-    return tuple(jnp.shape(natural.one_hot)[:-2])
-
-
 def _over_batch(fn, natural: TiedChainStats):
-    return vmap_over_batch(fn, natural, _STATS_NDIM, _batch_shape(natural))
+    return vmap_over_batch(fn, natural, _STATS_NDIM, untied._batch_shape(natural))
 
 
 def expand(natural: TiedChainStats) -> untied.ChainCategoricalStats:
     """The same member of the untied family: ψ_t = ψ at each of the T-1 steps."""
     length, k = jnp.shape(natural.one_hot)[-2:]
-    pair = jnp.broadcast_to(natural.transitions[..., None, :, :], _batch_shape(natural) + (length - 1, k, k))
+    pair = jnp.broadcast_to(natural.transitions[..., None, :, :], untied._batch_shape(natural) + (length - 1, k, k))
     return untied.ChainCategoricalStats(one_hot=natural.one_hot, pair=pair)
 
 
@@ -205,37 +201,20 @@ def is_valid(natural: TiedChainStats) -> Array:
     bounded = jnp.isfinite(bound)
 
     def exact(n):
-        return _no_nan(n) & jnp.isfinite(log_normalizer(n))
+        return untied._no_nan(n) & jnp.isfinite(log_normalizer(n))
 
     return jax.lax.cond(jnp.all(bounded), lambda n: bounded, exact, natural)
-
-
-def _no_nan(natural: TiedChainStats) -> Array:
-    """No NaN and no +∞ potential (-∞ forbids a state or a transition), batch shaped."""
-    no_nan = jnp.all(~jnp.isnan(natural.one_hot) & (natural.one_hot < jnp.inf), axis=(-2, -1))
-    return no_nan & jnp.all(~jnp.isnan(natural.transitions) & (natural.transitions < jnp.inf), axis=(-2, -1))
 
 
 def checked_moments(natural: TiedChainStats) -> tuple[TiedChainStats, Array, Array]:
     """Return ``(μ, A(λ), is_valid(λ))`` from one forward-backward pass."""
     mean, log_norm = mean_and_log_normalizer(natural)
-    return mean, log_norm, _no_nan(natural) & jnp.isfinite(log_norm)
+    return mean, log_norm, untied._no_nan(natural) & jnp.isfinite(log_norm)
 
 
 def _example(q) -> TiedChainStats:
     batch, length, k = q.batch_shape, q.shape[q.num_batch], q.num_categories
     return TiedChainStats(one_hot=jnp.zeros(batch + (length, k)), transitions=jnp.zeros(batch + (k, k)))
-
-
-def start_at(natural: TiedChainStats, value: ArrayLike) -> TiedChainStats:
-    """Marginals 0.9 on the states ``value`` (0.1 spread over all K), no pair potential."""
-    num = natural.one_hot.shape[-1]
-    probs = 0.9 * jax.nn.one_hot(jnp.asarray(value).astype(jnp.int32), num) + 0.1 / num
-    return natural._replace(one_hot=jnp.log(probs), transitions=jnp.zeros_like(natural.transitions))
-
-
-def _to_value_layout(q, mean: TiedChainStats) -> dict:
-    return dict(mean._asdict())
 
 
 TIED_CHAIN_CATEGORICAL = ExpFamily(
@@ -245,7 +224,7 @@ TIED_CHAIN_CATEGORICAL = ExpFamily(
     support=constraints.independent(constraints.nonnegative_integer, 1),
     sufficient_stats=sufficient_stats,
     log_base_measure=untied.log_base_measure,
-    expected_log_base_measure=lambda natural: jnp.zeros(_batch_shape(natural), natural.one_hot.dtype),
+    expected_log_base_measure=untied.expected_log_base_measure,
     log_normalizer=log_normalizer,
     mean_params=mean_params,
     natural_params=natural_params,
@@ -255,10 +234,10 @@ TIED_CHAIN_CATEGORICAL = ExpFamily(
     to_numpyro=to_numpyro,
     sample=sample,
     is_valid=is_valid,
-    batch_shape=_batch_shape,
+    batch_shape=untied._batch_shape,
     kind="tied_chain_categorical",
-    layout=Layout(_to_value_layout, elementwise_layout().from_value, _example),
-    start_at=start_at,
+    layout=Layout(elementwise_layout().to_value, elementwise_layout().from_value, _example),
+    start_at=untied.start_at,
     random_restart=False,
     index_valued=True,
     chain=True,

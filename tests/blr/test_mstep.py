@@ -29,12 +29,8 @@ def _largest_array(jaxpr) -> int:
     return max(sizes, default=0)
 
 
-def test_the_m_step_writes_its_objective_once_per_use_and_maximises_it(rng_key):
-    """The objective (a pass over the data) appears once for the start's value, once in the step
-    halvings (the full Newton step is their loop's first try) and in the one program that gives
-    the gradient and the Hessian: 4 calls, where a full step before the halvings, a separate
-    gradient and ``jax.hessian`` made 7. The M-step still maximises: from the E-step's q, the
-    objective's gradient at the new point estimates is zero."""
+def _nile_m_step(rng_key):
+    """The Nile's EM plan, its first state, its M-step and the M-step's jaxpr."""
     args, kwargs = ZOO["nile"].data()
     engine = blrppl.EM(ZOO["nile"].model)
     plan = engine.plan(*args, **kwargs)
@@ -43,6 +39,16 @@ def test_the_m_step_writes_its_objective_once_per_use_and_maximises_it(rng_key):
     jaxpr = jax.make_jaxpr(lambda natural, params: m_step(rng_key, natural, params, plan.arrays))(
         state.natural, state.params
     )
+    return kwargs, engine, plan, state, m_step, jaxpr
+
+
+def test_the_m_step_writes_its_objective_once_per_use_and_maximises_it(rng_key):
+    """The objective (a pass over the data) appears once for the start's value, once in the step
+    halvings (the full Newton step is their loop's first try) and in the one program that gives
+    the gradient and the Hessian: 4 calls, where a full step before the halvings, a separate
+    gradient and ``jax.hessian`` made 7. The M-step still maximises: from the E-step's q, the
+    objective's gradient at the new point estimates is zero."""
+    kwargs, engine, plan, state, m_step, jaxpr = _nile_m_step(rng_key)
     assert len(_calls(jaxpr.jaxpr, "objective")) <= 4
     new, _ = jax.jit(lambda natural, params: m_step(rng_key, natural, params, plan.arrays))(state.natural, state.params)
     bound = jax.jit(lambda params: engine.build(plan, fixed_params=True).elbo(rng_key, state._replace(params=params), plan.arrays))
@@ -56,14 +62,7 @@ def test_the_newton_iterations_read_expected_statistics_not_the_data(rng_key):
     objective the Newton iterations evaluate holds nothing of the data's length (the Nile's 100
     years), and the values it hands the ELBO are each factor's exact E_q[log f] at the new
     point estimates."""
-    args, kwargs = ZOO["nile"].data()
-    engine = blrppl.EM(ZOO["nile"].model)
-    plan = engine.plan(*args, **kwargs)
-    state = jax.jit(engine.build(plan).init)(rng_key, plan.arrays)
-    m_step = build_m_step(plan)
-    jaxpr = jax.make_jaxpr(lambda natural, params: m_step(rng_key, natural, params, plan.arrays))(
-        state.natural, state.params
-    )
+    kwargs, engine, plan, state, m_step, jaxpr = _nile_m_step(rng_key)
     length = np.shape(kwargs["y"])[0]
     objective = _calls(jaxpr.jaxpr, "objective")[0].params["jaxpr"].jaxpr
     assert 0 < _largest_array(objective) < length
