@@ -3,7 +3,7 @@
     python -m benchmarks.first_call_large [--rounds 2]
 
 - the Gaussian mixture K = 5, D = 2, N = 100,000 (``benchmarks/gmm_vs_sklearn.py``'s
-  model and data): ``blrppl.VMP(...).run`` with its default 4 restarts, tol as there,
+  model and data): ``blrppl.VMP(...).run`` with its default 4 restarts, tol as there (``BLRPPL_TOL``),
   against scikit-learn's ``BayesianGaussianMixture.fit`` (bar: blrppl faster);
 - logistic regression N = 100,000, D = 20 (``benchmarks/logistic_vs_numpyro.py``):
   ``blrppl.NonConjugateVI(...).run`` to tol 1e-6 and the posterior mean, against
@@ -47,7 +47,7 @@ def _one(case: str) -> float:
             import blrppl
 
             result = blrppl.VMP(gmm.gmm).run(
-                jax.random.key(0), 500, jnp.asarray(train), progress_bar=False, tol=gmm.TOL_PER_POINT * len(train)
+                jax.random.key(0), 500, jnp.asarray(train), progress_bar=False, tol=gmm.BLRPPL_TOL
             )
             jax.block_until_ready(result.posterior["mu"].mean)
         return time.perf_counter() - start

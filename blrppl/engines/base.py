@@ -173,7 +173,9 @@ class Engine:
           progress_bar: show a tqdm bar with the ELBO, like ``SVI.run``.
           init_state: a ``result.state`` to resume from (with restarts:
             ``result.restarts.state``); its random stream continues.
-          tol: stop once the ELBO changes by less than ``tol`` in one step.
+          tol: stop once a step changes the ELBO by at most ``tol`` relative to its
+            size, ``|ELBO_t - ELBO_(t-1)| <= tol * |ELBO_t|``, twice in a row (Monte Carlo
+            site parameters: once the averaged q moves by at most KL ``tol``).
           num_restarts: fit from this many starts in one vmapped run; the
             result is the restart with the highest ELBO, keeps them all in
             ``result.restarts`` (see :mod:`blrppl.blr.restarts`) and says in
