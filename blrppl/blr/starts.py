@@ -330,21 +330,27 @@ def _categorical_start(rng_key: jax.Array, q: Any, points: Optional[jax.Array]) 
     return q.family.stats_type(one_hot=jnp.log(probs))
 
 
-LLOYD_STEPS = 10
+LLOYD_MAX_STEPS = 100
+"""Lloyd steps run until no assignment changes, at most this many (scikit-learn's ``KMeans``
+runs to convergence too, at most 300): k-means stopped after a fixed 10 left some
+starts of a well-separated mixture unconverged, and restarts from them ended VB in
+different optima (20-80 nats apart on 100,000 points) after twice the steps."""
 
-
-def _distances(points: jax.Array, centres: jax.Array) -> jax.Array:
-    return jnp.sum((points[:, None, :] - centres[None]) ** 2, -1)
+LLOYD_TOL = 1e-4
+"""Lloyd's steps also stop once the centres move by at most this, squared and summed, per
+dimension of the standardised points (scikit-learn's ``KMeans(tol=1e-4)``)."""
 
 
 @functools.partial(jax.jit, static_argnums=2)
 def _kmeans(rng_key: jax.Array, points: jax.Array, num: int) -> jax.Array:
-    """k-means++ seeding and a few Lloyd steps; soft-hard responsibilities (N, num).
+    """k-means++ seeding and Lloyd steps to convergence; soft-hard responsibilities (N, num).
 
     The seeding draws its random numbers at once (the first centre's index, then one
     uniform per later centre, picked by inverting the cumulative squared distances to
     the nearest centre so far) and is one ``fori_loop``: the compiled start does not
     grow with ``num`` (each draw of its own would be a separate hash to compile).
+    Lloyd's steps are one ``while_loop``, until no point changes its centre
+    (``LLOYD_MAX_STEPS``).
     """
     size = points.shape[0]
     points = (points - points.mean(0)) / (points.std(0) + 1e-12)
@@ -362,13 +368,22 @@ def _kmeans(rng_key: jax.Array, points: jax.Array, num: int) -> jax.Array:
     centres = jnp.zeros((num, points.shape[1]), points.dtype).at[0].set(first)
     centres, _ = jax.lax.fori_loop(1, num, seed, (centres, jnp.sum((points - first) ** 2, -1)))
 
-    def lloyd(_, centres):
-        hard = jax.nn.one_hot(jnp.argmin(_distances(points, centres), -1), num)
+    def nearest(centres):  # argmin_k |x - c_k|²: |x|² is the same for every k
+        return jnp.argmin(jnp.sum(centres**2, -1) - 2.0 * points @ centres.T, -1)
+
+    def lloyd(carry):
+        centres, labels, _, step = carry
+        hard = jax.nn.one_hot(labels, num, dtype=points.dtype)
         counts = hard.sum(0)
         moved = (hard.T @ points) / jnp.maximum(counts, 1.0)[:, None]
-        return jnp.where(counts[:, None] > 0, moved, centres)
+        moved = jnp.where(counts[:, None] > 0, moved, centres)
+        new = nearest(moved)
+        still = jnp.any(new != labels) & (jnp.sum((moved - centres) ** 2) > LLOYD_TOL * points.shape[1])
+        return moved, new, still, step + 1
 
-    centres = jax.lax.fori_loop(0, LLOYD_STEPS, lloyd, centres)
-    hard = jax.nn.one_hot(jnp.argmin(_distances(points, centres), -1), num)
+    labels = nearest(centres)
+    carry = (centres, labels, jnp.ones((), bool), jnp.zeros((), jnp.int32))
+    _, labels, _, _ = jax.lax.while_loop(lambda c: c[2] & (c[3] < LLOYD_MAX_STEPS), lloyd, carry)
+    hard = jax.nn.one_hot(labels, num, dtype=points.dtype)
     return 0.9 * hard + 0.1 / num
 
