@@ -1,7 +1,7 @@
 """``num_restarts=C``: C fits from random starts in one vmapped run.
 
 Restart 0 starts where a plain ``run`` starts (the prior pushed through the
-graph, k-means++ responsibilities for categorical latents, the user's
+graph, k-means responsibilities for categorical latents, the user's
 ``init``), with the same keys, so it *is* the plain run. Restarts 1..C-1 start
 from random points: each q whose family allows it (``random_restart``) is
 re-centred at a random point drawn around its starting q (its spread kept, the
