@@ -239,7 +239,8 @@ def parser() -> argparse.ArgumentParser:
         "--tol",
         type=_nonnegative_float,
         default=1e-6,
-        help="stop once the ELBO changes by at most T relative (Monte Carlo fits: q moves by KL <= T), twice",
+        help="stop once the ELBO changes by at most T relative, with no more than that left to gain by Aitken's "
+        "extrapolation (Monte Carlo fits: q moves by KL <= T), twice",
     )
     fit.add_argument("--draws", type=_positive_int, default=1000, help="draws from q for summaries and ArviZ")
     fit.add_argument("--seed", type=int, default=0)

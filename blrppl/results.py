@@ -76,7 +76,7 @@ class Convergence(NamedTuple):
 def _criterion(tol: float, noisy: bool, exact: bool, dtype: Any) -> str:
     """The stopping criterion of :meth:`Convergence.of` in words (made once per setting: a small
     model's refit lasts a fraction of a millisecond)."""
-    from blrppl.blr.driver import elbo_resolution
+    from blrppl.blr.stopping import elbo_resolution
 
     if exact:
         criterion = (
@@ -87,7 +87,10 @@ def _criterion(tol: float, noisy: bool, exact: bool, dtype: Any) -> str:
         criterion = f"the averaged q moved by at most KL {tol:g} per block over two windows of steps"
     else:
         floor = elbo_resolution(dtype)
-        criterion = f"the ELBO changed by at most {max(tol, floor):g} relative, two steps in a row"
+        criterion = (
+            f"the ELBO changed by at most {max(tol, floor):g} relative, with no more than that left to gain "
+            "by Aitken's extrapolation of its shrinking steps, two steps in a row"
+        )
         if tol < floor:
             criterion += f" (tol {tol:g} is below {dtype.name}'s resolution of the ELBO and was raised to it)"
     return criterion

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm.auto as tqdm
 
+from blrppl.blr import stopping
 from blrppl.blr.ahead import compile_side_by_side
 from blrppl.blr.restarts import folded_keys
 from blrppl.blr.state import BLRState, InferenceAlgorithm
@@ -99,8 +100,11 @@ def run(
     results.
 
     Convergence (``tol``): with deterministic site parameters, the run stops
-    once ``|ELBO_t - ELBO_{t-1}| <= tol * |ELBO_t|`` held for two steps in a
-    row (``tol`` at least :func:`elbo_resolution` of the ELBO's dtype); with Monte Carlo site parameters (``algorithm.noisy``), once the
+    once ``|ELBO_t - ELBO_{t-1}| <= tol * |ELBO_t|`` and the gain still to come
+    by Aitken's extrapolation of shrinking steps
+    (:func:`~blrppl.blr.stopping.remaining_gain`) is within the same bound, both
+    for two steps in a row (``tol`` at least
+    :func:`~blrppl.blr.stopping.elbo_resolution` of the ELBO's dtype); with Monte Carlo site parameters (``algorithm.noisy``), once the
     averaged q moved by at most ``tol`` (the largest KL divergence of a block
     over a window of steps) in two windows in a row, never on one noisy step;
     for an exact algorithm (``algorithm.exact``: conjugate Bayes), after the
@@ -191,7 +195,7 @@ def _checked_exact_run(algorithm, rng_key, num_steps, arrays, tests, tol):
     outputs = _run_exact_chunk(algorithm, arrays, rng_key, buffer, zero, stop, previous, hits, threshold, tests)
     end, state, buffer, _, hits, valid = block_until_ready(outputs)
     end, hits, buffer, valid = to_host((end, hits, buffer, valid))  # one transfer
-    return state, _head(buffer, int(end)), int(hits) >= CONFIRMATIONS, np.asarray(valid)
+    return state, _head(buffer, int(end)), int(hits) >= stopping.CONFIRMATIONS, np.asarray(valid)
 
 
 def _exact_chunk(algorithm, arrays, rng_key, buffer, start, stop, previous, hits, threshold, tests):
@@ -240,7 +244,7 @@ def _loop(algorithm, num_steps, arrays, state, tol, progress_bar, num_updates, s
             algorithm, arrays, _lean(algorithm, state), buffer, np.asarray(0, np.int32), stop, previous, hits, threshold
         ))
         end, hits, buffer = to_host((end, hits, buffer))  # one transfer
-        return state, _head(buffer, int(end)), int(hits) >= CONFIRMATIONS
+        return state, _head(buffer, int(end)), int(hits) >= stopping.CONFIRMATIONS
 
     chunk = -(-num_steps // num_updates)
     end = 0
@@ -262,7 +266,7 @@ def _loop(algorithm, num_steps, arrays, state, tol, progress_bar, num_updates, s
             new_end = int(new_end)
             bar.update(new_end - end)
             end = new_end
-            done = int(hits) >= CONFIRMATIONS
+            done = int(hits) >= stopping.CONFIRMATIONS
             bar.set_postfix(elbo=f"{float(previous):.6g}", converged=done)
             if done:
                 break
@@ -275,42 +279,6 @@ def _head(buffer: jax.Array, end: int) -> jax.Array:
     return to_device(np.asarray(buffer)[:end])
 
 
-CONFIRMATIONS = 2
-"""Consecutive checks under ``tol`` that stop a run (one more step confirms the first)."""
-
-
-def _hits(algorithm, info, elbo, previous, hits, threshold):
-    """The count of consecutive convergence checks passed (see :func:`run`)."""
-    if algorithm.exact:  # a step taken is its own fixed point: nothing to confirm
-        passed = (threshold >= 0) & (info.change == 0) & jnp.isfinite(elbo)
-        return jnp.where(passed, CONFIRMATIONS, 0).astype(hits.dtype)
-    if algorithm.noisy:
-        checked = jnp.isfinite(info.change)
-        passed = info.change <= threshold
-    else:
-        checked = jnp.isfinite(elbo) & jnp.isfinite(previous)
-        relative = jnp.where(threshold >= 0, jnp.maximum(threshold, elbo_resolution(elbo.dtype)), threshold)
-        # (no tol: never; an ELBO of exactly 0 would pass 0 <= -1 * 0 otherwise)
-        passed = (threshold >= 0) & (jnp.abs(elbo - previous) <= relative * jnp.abs(elbo))
-    return jnp.where(checked, jnp.where(passed, hits + 1, 0), hits)
-
-
-RESOLUTION_EPS = 8
-"""A relative change of the ELBO within this many machine epsilons of its dtype is rounding noise."""
-
-
-def elbo_resolution(dtype: Any) -> float:
-    """The smallest relative ELBO change that ``tol`` can ask for in ``dtype``.
-
-    Float32: 9.5e-7, below the command line's default tol of 1e-6; float64: 1.8e-15.
-
-    A converged float32 fit can cycle between q's one rounding apart, its ELBO moving by an ulp
-    or two forever (seen on a GPU: 200 steps where the CPU stopped after 13); a smaller ``tol``
-    is raised to this, and the run's convergence record says so.
-    """
-    return RESOLUTION_EPS * float(jnp.finfo(dtype).eps)
-
-
 def _chunk(algorithm, arrays, state, buffer, start, stop, previous, hits, threshold):
     """Steps ``start`` to ``stop`` (or until converged) in one ``while_loop``."""
     if state.natural is None:  # an exact algorithm's lean state (:func:`_lean`): any valid start
@@ -318,14 +286,15 @@ def _chunk(algorithm, arrays, state, buffer, start, stop, previous, hits, thresh
 
     def cond(carry):
         i, _, _, _, hits = carry
-        return (i < stop) & (hits < CONFIRMATIONS)
+        return (i < stop) & (hits < stopping.CONFIRMATIONS)
 
     def body(carry):
         i, state, buffer, previous, hits = carry
         state, info = algorithm.step(state, arrays)
         elbo = info.elbo.astype(buffer.dtype)
+        before = jnp.where(i >= 2, buffer[jnp.maximum(i - 2, 0)], jnp.nan)  # (the buffer holds the run's ELBOs)
         buffer = buffer.at[i].set(elbo)
-        hits = _hits(algorithm, info, elbo, previous, hits, threshold)
+        hits = stopping.hits(algorithm, info, elbo, previous, hits, threshold, before)
         return i + 1, state, buffer, elbo, hits
 
     return jax.lax.while_loop(cond, body, (start, state, buffer, previous, hits))
@@ -565,7 +534,7 @@ def run_restarts(
                 previous, hits, threshold, batched_data,
             )
         block_until_ready((new_ends, states, previous, hits))
-        done = np.asarray(hits) >= CONFIRMATIONS
+        done = np.asarray(hits) >= stopping.CONFIRMATIONS
         ends = np.where(stopped, ends, np.asarray(new_ends))  # a restart stopped earlier keeps its end
         new_end = int(np.max(ends))
         if bar is not None:

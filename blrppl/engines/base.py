@@ -174,8 +174,9 @@ class Engine:
           init_state: a ``result.state`` to resume from (with restarts:
             ``result.restarts.state``); its random stream continues.
           tol: stop once a step changes the ELBO by at most ``tol`` relative to its
-            size, ``|ELBO_t - ELBO_(t-1)| <= tol * |ELBO_t|``, twice in a row (Monte Carlo
-            site parameters: once the averaged q moves by at most KL ``tol``).
+            size, ``|ELBO_t - ELBO_(t-1)| <= tol * |ELBO_t|``, and no more than that is left
+            to gain by Aitken's extrapolation of shrinking steps, twice in a row (Monte
+            Carlo site parameters: once the averaged q moves by at most KL ``tol``).
           num_restarts: fit from this many starts in one vmapped run; the
             result is the restart with the highest ELBO, keeps them all in
             ``result.restarts`` (see :mod:`blrppl.blr.restarts`) and says in
