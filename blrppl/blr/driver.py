@@ -294,7 +294,7 @@ def _chunk(algorithm, arrays, state, buffer, start, stop, previous, hits, thresh
         elbo = info.elbo.astype(buffer.dtype)
         before = jnp.where(i >= 2, buffer[jnp.maximum(i - 2, 0)], jnp.nan)  # (the buffer holds the run's ELBOs)
         buffer = buffer.at[i].set(elbo)
-        hits = stopping.hits(algorithm, info, elbo, previous, hits, threshold, before)
+        hits = stopping.count_hits(algorithm, info, elbo, previous, hits, threshold, before)
         return i + 1, state, buffer, elbo, hits
 
     return jax.lax.while_loop(cond, body, (start, state, buffer, previous, hits))

@@ -352,14 +352,14 @@ took 0.4 s of a mixture's start (compiled cheaply, as a start is) for the same p
 
 @functools.partial(jax.jit, static_argnums=2)
 def _kmeans(rng_key: jax.Array, points: jax.Array, num: int) -> jax.Array:
-    """k-means++ seeding and Lloyd steps to convergence; soft-hard responsibilities (N, num).
+    """Greedy k-means++ seeding and Lloyd steps to convergence; soft-hard responsibilities (N, num).
 
     The seeding draws its random numbers at once (the first centre's index, then one
     uniform per later centre, picked by inverting the cumulative squared distances to
     the nearest centre so far) and is one ``fori_loop``: the compiled start does not
     grow with ``num`` (each draw of its own would be a separate hash to compile).
-    Lloyd's steps are one ``while_loop``, until no point changes its centre
-    (``LLOYD_MAX_STEPS``), on at most ``KMEANS_POINTS`` of the points.
+    Lloyd's steps are one ``while_loop``, until no point changes its centre or the centres
+    settle (``LLOYD_TOL``, ``LLOYD_MAX_STEPS``), on at most ``KMEANS_POINTS`` of the points.
     """
     every = (points - points.mean(0)) / (points.std(0) + 1e-12)
     points = every

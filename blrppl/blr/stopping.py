@@ -18,7 +18,7 @@ CONFIRMATIONS = 2
 """Consecutive checks under ``tol`` that stop a run (one more step confirms the first)."""
 
 
-def hits(
+def count_hits(
     algorithm: Any, info: Any, elbo: jax.Array, previous: jax.Array, hits: jax.Array, threshold: jax.Array,
     before: jax.Array,
 ) -> jax.Array:

@@ -52,7 +52,7 @@ def test_restarts_are_the_plain_run_vmapped(rng_key):
 def test_a_tol_below_the_elbos_resolution_is_raised_to_it_and_said_so():
     from types import SimpleNamespace
 
-    from blrppl.blr.stopping import elbo_resolution, hits as count_hits
+    from blrppl.blr.stopping import count_hits, elbo_resolution
 
     def _hits(*args):  # no earlier step: the plain test alone
         return count_hits(*args, jnp.float32(jnp.nan))
