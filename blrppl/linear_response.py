@@ -259,7 +259,7 @@ class _Check:
         natural = _natural_shapes(plan)
         if natural is not None:  # else traced at the first check, from its values
             args = (natural, dict(plan.arrays.params), model_data(plan), Reading.full(self._dim, self._dtype, True))
-            self._ahead = CompiledInBackground(self._program.lower(*args))
+            self._ahead = CompiledInBackground(lambda: self._program.lower(*args))  # when idle (ahead.idle_time)
 
     def __call__(self, args: tuple) -> Pending:
         if self._sparse is not None:

@@ -213,3 +213,45 @@ def test_a_second_run_does_not_compile_ahead_again(rng_key, monkeypatch):
         engine.run(jax.random.fold_in(rng_key, 1), 50, second, progress_bar=False, tol=1e-8, **options)
         monkeypatch.undo()
         assert started == []
+
+
+def test_work_for_idle_time_waits_for_it_and_is_done_by_the_end():
+    done = []
+    ahead.when_idle(lambda: done.append("outside"))  # no idle_time block: at once
+    assert done == ["outside"]
+    with ahead.idle_time():
+        ahead.when_idle(lambda: done.append("first"))
+        with ahead.idle_time():  # nested: the outer block's work
+            ahead.when_idle(lambda: done.append("second"))
+        assert done == ["outside"]
+        ahead.do_idle_work()
+        assert done == ["outside", "first", "second"]
+        ahead.when_idle(lambda: done.append("last"))
+    assert done == ["outside", "first", "second", "last"]
+    with pytest.raises(RuntimeError):  # a failed call leaves its work to whoever needs it
+        with ahead.idle_time():
+            ahead.when_idle(lambda: done.append("dropped"))
+            raise RuntimeError
+    assert done[-1] == "last"
+
+
+def test_a_first_call_lowers_what_it_does_not_run_after_its_fit(rng_key):
+    """The refit's planner and the linear-response check are lowered in the wait for the step
+    loop's compilation, not before the fit's programs (on the first call's critical path), and
+    compiled by the time the call returns: the second call compiles nothing."""
+    entry = ZOO["eight_schools_noncentered"]
+    args, kwargs = entry.data()
+
+    def model(*a, **k):  # a fresh model: fresh programs
+        return entry.model(*a, **k)
+
+    engine = blrppl.NonConjugateVI(model)
+    with compilations() as first:
+        engine.run(rng_key, 60, *args, progress_bar=False, tol=1e-8, **kwargs)
+    names = compiled_names(first)
+    assert names.index("jit(replan)") > names.index("jit(_chunk)"), names
+    assert names.index("jit(program)") > names.index("jit(_chunk)"), names
+    moved = {k: v + 0.5 if k == "y" else v for k, v in kwargs.items()}
+    with compilations() as second:
+        engine.run(rng_key, 60, *args, progress_bar=False, tol=1e-8, **moved)
+    assert compiled_names(second) == []

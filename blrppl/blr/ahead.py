@@ -23,8 +23,10 @@ calls, which raise it as they would.
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import jax
 
@@ -102,6 +104,7 @@ def compile_side_by_side(
             started = program(*first_args)  # a dispatch: it runs while ``second`` compiles
         except Exception:  # noqa: BLE001 - the plain call raises it
             started = None
+    do_idle_work()  # this thread's idle time, and a core's (:func:`idle_time`)
     for thread in (beside, after):
         if thread is not None:
             thread.join()
@@ -144,20 +147,43 @@ def _signature(program: SizeDependentJit, args: tuple) -> Any:
 
 
 class CompiledInBackground:
-    """A lowered program compiled in a thread, for a program a first call does not run.
+    """A program compiled in a thread, for a program a first call does not run.
 
     The compiled planner (:mod:`blrppl.blr.replan`) serves the second data
-    set: its compilation overlaps the first fit instead of preceding it.
-    Calling it waits for the compilation; one that failed in the thread is
-    compiled again here, where its error is raised.
+    set, and the linear-response check (:mod:`blrppl.linear_response`) runs
+    after the fit: neither is needed before the fit's own programs. ``lower``
+    (``() -> lowered program``) traces and lowers it when the main thread is
+    idle (:func:`when_idle`), and a thread compiles it there. Calling it
+    waits for the compilation (lowering it first where that has not happened);
+    one that failed in the thread is compiled again here, where its error is
+    raised; a lowering that failed raises :class:`NotLowered`.
     """
 
-    def __init__(self, lowered: Any):
-        self._lowered = lowered
+    def __init__(self, lower: Callable[[], Any]):
+        self._lower = lower
+        self._lowered = None
         self._compiled = None
+        self._worker: Optional[threading.Thread] = None
+        self._failure: Optional[Exception] = None
+        when_idle(self.start)
+
+    def start(self) -> None:
+        """Lower the program here and compile it in a thread (once)."""
+        if self._worker is not None or self._failure is not None:
+            return
+        try:
+            self._lowered = self._lower()
+        except Exception as error:  # noqa: BLE001 - raised as NotLowered where the program is called
+            self._failure = error
+            return
+        finally:
+            self._lower = None  # (it holds the reference data's arrays)
         # Not a daemon: a process that ends while XLA compiles in a daemon thread aborts.
         self._worker = threading.Thread(target=self._compile, daemon=False)
         self._worker.start()
+        waiting = _IDLE_WORK.get()
+        if waiting is not None:  # the call that started it ends when it is compiled (idle_time)
+            waiting.threads.append(self._worker)
 
     def _compile(self) -> None:
         try:
@@ -166,7 +192,62 @@ class CompiledInBackground:
             pass
 
     def __call__(self, *args: Any) -> Any:
+        self.start()
+        if self._failure is not None:
+            raise NotLowered(f"the program could not be lowered: {self._failure!r}")
         self._worker.join()
         if self._compiled is None:
             self._compiled = self._lowered.compile()
         return self._compiled(*args)
+
+
+class NotLowered(ValueError):
+    """A :class:`CompiledInBackground` program whose lowering failed (its callers then take the plain path)."""
+
+
+class _IdleWork(NamedTuple):
+    work: list  # () -> None, waiting for idle time
+    threads: list  # compilations started by that work, finished by the end of the block
+
+
+_IDLE_WORK: contextvars.ContextVar = contextvars.ContextVar("blrppl_idle_work", default=None)
+
+
+@contextlib.contextmanager
+def idle_time() -> Iterator[None]:
+    """Within this block, work given to :func:`when_idle` waits for this thread's first idle
+    time, :func:`compile_side_by_side`'s wait for the step loop to compile (a core is then free:
+    the start has compiled and runs), and is done at the latest when the block ends without an
+    error, which also waits for the compilations that work started: a user's call does its own
+    work, and the next call finds it done. A first call plans, then traces and compiles its fit;
+    the programs it does not run itself (a refit's planner, the linear-response check after the
+    fit) were traced and lowered before the fit's, on its critical path (a tenth of a
+    hierarchical model's first call). Nested blocks share the outermost one's work."""
+    if _IDLE_WORK.get() is not None:
+        yield
+        return
+    waiting = _IdleWork([], [])
+    token = _IDLE_WORK.set(waiting)
+    try:
+        yield
+        do_idle_work()
+        for thread in waiting.threads:
+            thread.join()
+    finally:
+        _IDLE_WORK.reset(token)
+
+
+def when_idle(work: Callable[[], None]) -> None:
+    """Do ``work`` at this thread's next idle time within :func:`idle_time` (outside one: now)."""
+    waiting = _IDLE_WORK.get()
+    if waiting is None:
+        work()
+    else:
+        waiting.work.append(work)
+
+
+def do_idle_work() -> None:
+    """Do the work waiting for idle time (:func:`when_idle`), in the order it was given."""
+    waiting = _IDLE_WORK.get()
+    while waiting is not None and waiting.work:
+        waiting.work.pop(0)()

@@ -285,8 +285,9 @@ def _build(plan: Plan, rec: tape.Recording, taped: tuple, data: ModelData) -> Re
         factors, starts = jax.tree_util.tree_unflatten(treedef, [c if c is not None else next(it) for c in constants])
         return plan.arrays._replace(factors=factors, starts=starts, data=tuple(arrays)), ok
 
-    fn = SizeDependentJit(replan, data_argnum=0)
-    compiled = CompiledInBackground(fn.lower(tuple(data.arrays)))  # during the first fit
+    fn = SizeDependentJit(replan, data_argnum=0, one_shot=True)  # once per refit, one pass over its data
+    reference = tuple(data.arrays)
+    compiled = CompiledInBackground(lambda: fn.lower(reference))  # during the first fit (ahead.idle_time)
     return Replanner(plan, fn, compiled, treedef, tuple(constants), jax.jit(jax.vmap(full)))
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from blrppl import linear_response
 from blrppl.blr import driver
+from blrppl.blr.ahead import idle_time
 from blrppl.blr.build import build_blr, judged_by_mode
 from blrppl.blr.checks import (
     boundary_estimates, drifted_average, fell_from_best, fit_error, lower_boundary_check, off_target, steady_climb,
@@ -187,10 +188,12 @@ class Engine:
         Returns:
           A :class:`~blrppl.results.BLRResult`.
         """
-        plan = self.plan(*model_args, **model_kwargs)
-        return self.fit(
-            plan, rng_key, num_steps, progress_bar=progress_bar, init_state=init_state, tol=tol, num_restarts=num_restarts
-        )
+        with idle_time():  # what the fit does not need waits for idle time (blrppl.blr.ahead)
+            plan = self.plan(*model_args, **model_kwargs)
+            return self.fit(
+                plan, rng_key, num_steps, progress_bar=progress_bar, init_state=init_state, tol=tol,
+                num_restarts=num_restarts,
+            )
 
     @full_precision
     def fit(
@@ -213,9 +216,13 @@ class Engine:
             num_restarts = 1 if init_state is not None else default_restarts(plan)
         if int(num_restarts) != num_restarts or num_restarts < 1:
             raise ValueError(f"num_restarts must be a positive integer, got {num_restarts}.")
-        linear_response.prepare(plan)  # its check's program compiles beside the fit's
+        with idle_time():
+            return self._fit(plan, rng_key, num_steps, progress_bar, init_state, tol, int(num_restarts))
+
+    def _fit(self, plan, rng_key, num_steps, progress_bar, init_state, tol, num_restarts) -> BLRResult:
+        linear_response.prepare(plan)  # its check's program compiles beside the fit's, when idle
         if num_restarts > 1:
-            return self._run_restarts(plan, rng_key, num_steps, int(num_restarts), init_state, tol, progress_bar)
+            return self._run_restarts(plan, rng_key, num_steps, num_restarts, init_state, tol, progress_bar)
         algorithm = self.build(plan)
         if init_state is None:  # the start, its tests and the run without a wait between them
             # An exact run's step does not read its start (λ = Σ_f λ̃_f from any q, the prior's
