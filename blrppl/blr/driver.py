@@ -413,6 +413,19 @@ def take(tree: Any, index: Any, axis: int = 0) -> Any:
     return _take(tree, index if isinstance(index, jax.Array) else np.asarray(index, np.int32), axis)
 
 
+def select_rows(mask: np.ndarray, new: Any, old: Any) -> Any:
+    """Row i of every leaf from ``new`` where ``mask[i]``, else from ``old`` (leading axis), in one
+    compiled call (once per tree structure and shapes; cheaply where the tree is small)."""
+    return _select(np.asarray(mask, bool), new, old)
+
+
+def _select_rows(mask: jax.Array, new: Any, old: Any) -> Any:
+    return jax.tree.map(lambda a, b: jnp.where(jnp.reshape(mask, mask.shape + (1,) * (a.ndim - 1)), a, b), new, old)
+
+
+_select = SizeDependentJit(_select_rows, data_argnum=1, one_shot=True)
+
+
 def _take_rows(tree: Any, index: jax.Array, axis: int) -> Any:
     return jax.tree.map(lambda a: jnp.take(a, index, axis=axis), tree)
 

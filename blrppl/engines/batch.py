@@ -29,6 +29,7 @@ import numpy as np
 
 from blrppl.blr import driver
 from blrppl.blr.checks import fit_error, sound_members
+from blrppl.blr.newton import PLAIN_STEPS_FIRST
 from blrppl.blr.restarts import default_restarts, restart_keys
 from blrppl.compile_mode import to_host
 from blrppl.errors import ModelError
@@ -215,13 +216,21 @@ def _run_group(engine, plans, keys, num_steps, tol, progress_bar, arrays=None) -
     _batchable(plans)
     first, arrays = plans[0], _stacked(plans, arrays)
     algorithm = engine.build(first)
-    states = driver.init_restarts(algorithm, keys, arrays, batched_data=True, loop=(num_steps, tol))
+    # As ``run``: Newton candidates only for the data sets whose plain steps did not converge.
+    tiered = algorithm.newton and num_steps > PLAIN_STEPS_FIRST
+    plain = engine.build(first, newton=False) if tiered else algorithm
+    steps = PLAIN_STEPS_FIRST if tiered else num_steps
+    states = driver.init_restarts(plain, keys, arrays, batched_data=True, loop=(steps, tol))
     states, elbo, num_run, stopped = driver.run_restarts(
-        algorithm, num_steps, arrays, states, tol=tol, progress_bar=progress_bar, batched_data=True
+        plain, steps, arrays, states, tol=tol, progress_bar=progress_bar, batched_data=True
     )
-    out = []
     num_run, stopped = np.asarray(num_run), np.asarray(stopped)
     elbo = np.asarray(elbo)  # read once: per-data-set slices of device arrays would each dispatch (and compile)
+    if tiered:
+        states, elbo, num_run, stopped = _with_newton(
+            algorithm, num_steps - steps, arrays, states, elbo, num_run, stopped, tol, progress_bar
+        )
+    out = []
     natural = to_host(states.natural)  # every member's λ for the checks, in one transfer
     last = np.where(num_run > 0, elbo[np.arange(len(plans)), np.maximum(num_run - 1, 0)], np.nan)
     scales = None if states.elbo_scale is None else np.asarray(states.elbo_scale)
@@ -241,6 +250,25 @@ def _run_group(engine, plans, keys, num_steps, tol, progress_bar, arrays=None) -
         )
         out.append((result, elbo[i], n, bool(stopped[i]), failed))
     return out
+
+
+def _with_newton(algorithm, num_steps, arrays, states, elbo, num_run, stopped, tol, progress_bar) -> tuple:
+    """The data sets that ``PLAIN_STEPS_FIRST`` plain steps did not converge (and that ran), continued
+    with ``algorithm``'s Newton candidates for up to ``num_steps`` more, as ``Engine.fit`` continues a
+    single fit: their states, ELBO traces (joined), steps and stops; the others' unchanged."""
+    going = ~stopped & (num_run > 0)
+    if not going.any():
+        return states, elbo, num_run, stopped
+    more, more_elbo, more_run, more_stopped = driver.run_restarts(
+        algorithm, num_steps, arrays, states, tol=tol, progress_bar=progress_bar, batched_data=True
+    )
+    more_elbo, more_run = np.asarray(more_elbo), np.where(going, np.asarray(more_run), 0)
+    total = num_run + more_run
+    joined = np.full((len(total), max(elbo.shape[1], int(total.max()))), np.nan, elbo.dtype)
+    for i, (n, m) in enumerate(zip(num_run, more_run)):  # B host rows, not data points
+        joined[i, :n], joined[i, n: n + m] = elbo[i, :n], more_elbo[i, :m]
+    states = driver.select_rows(going, more, states)
+    return states, joined, total, np.where(going, np.asarray(more_stopped), stopped)
 
 
 def _run_group_with_restarts(engine, plans, keys, num_steps, tol, progress_bar, arrays=None, *, num_restarts) -> list:

@@ -11,6 +11,7 @@ predictor. blrppl must land within 0.02 sd of its means and 2% of its sds.
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro
 import numpyro.distributions as dist
 import pytest
 import scipy.optimize
@@ -170,3 +171,24 @@ def test_a_fit_that_converges_in_plain_steps_never_compiles_the_newton_candidate
     args, kwargs = entry.data()
     result = blrppl.NonConjugateVI(entry.model, blocks="all").run(rng_key, 200, *args, progress_bar=False, tol=1e-8, **kwargs)
     assert ran == [False, True] and result.converged and len(result.elbo) < PLAIN_STEPS_FIRST + 30
+
+
+def _half_normal_scale(y):
+    mu = numpyro.sample("mu", dist.Normal(0, 3))
+    s = numpyro.sample("s", dist.HalfNormal(2.0))
+    with numpyro.plate("i", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu, s), obs=y)
+
+
+def test_a_batch_takes_newton_steps_where_a_single_fit_does(rng_key):
+    """``run`` takes ``PLAIN_STEPS_FIRST`` plain steps before its Newton candidates; ``run_batched``
+    too, so each member equals ``run`` on its data set (it took Newton steps from the first)."""
+    ys = np.random.default_rng(15).normal(1.0, 2.0, size=(3, 15))
+    engine = blrppl.NonConjugateVI(_half_normal_scale, blocks="all")
+    batch = engine.run_batched(rng_key, 150, ys, tol=1e-10)
+    for i in range(3):
+        key = rng_key if i == 0 else jax.random.fold_in(rng_key, i)
+        single = engine.run(key, 150, ys[i], tol=1e-10, progress_bar=False)
+        np.testing.assert_allclose(np.asarray(batch[i].elbo), np.asarray(single.elbo), rtol=1e-10)
+        np.testing.assert_allclose(batch[i].posterior["mu"].mean, single.posterior["mu"].mean, rtol=1e-9)
+        assert bool(batch[i].convergence) == bool(single.convergence)
