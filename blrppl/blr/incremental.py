@@ -158,11 +158,11 @@ class IncrementalStore:
 
     # -- one refresh ------------------------------------------------------------
 
-    def _w_batch(self, entry: _TermStore, mean, batch) -> jax.Array:
+    def _w_batch(self, entry: _TermStore, mean, batch, plan_arrays) -> jax.Array:
         """The product of the other reads at the minibatch, labelled ``w_labels``."""
         obs = self.obs_label[entry.factor]
         arrays, label_lists = [], []
-        for r in entry.others:
+        for r in _reads(entry, plan_arrays)[1]:
             array, labels = read_statistic(mean_layout(self.qs, mean, r.var), r, obs, batch)
             arrays.append(array)
             label_lists.append(labels)
@@ -211,7 +211,7 @@ class IncrementalStore:
             key = f"{v}/{i}"
             obs = self.obs_label[entry.factor]
             w_old = jnp.take(store[key]["W"], batch, axis=0)
-            w_new = (1.0 - rho) * w_old + rho * self._w_batch(entry, mean, batch)
+            w_new = (1.0 - rho) * w_old + rho * self._w_batch(entry, mean, batch, arrays)
             delta = self._a_delta(entry, w_new - w_old, batch, arrays)
             a = store[key]["A"]
             if obs in entry.a_labels:
@@ -226,7 +226,7 @@ class IncrementalStore:
             def expected(layout):
                 value = 0.0
                 for entry, a in aggregates:
-                    array, labels = read_statistic({v: layout}, entry.v_read)
+                    array, labels = read_statistic({v: layout}, _reads(entry, arrays)[0])
                     letters = einsum_letters([list(entry.a_labels), labels])
                     spec = "".join(letters[l] for l in entry.a_labels) + "," + "".join(letters[l] for l in labels) + "->"
                     value = value + jnp.einsum(spec, a, array)
@@ -249,6 +249,13 @@ class IncrementalStore:
             store[key] = {"b": entry["b"].at[batch].set(b_new), "c": entry["c"].at[batch].set(c_new), "A": a}
             total = a if total is None else jax.tree.map(jnp.add, total, a)
         return total, store
+
+
+def _reads(entry: _TermStore, arrays: Any) -> tuple:
+    """``(v_read, others)`` of the entry's term in the plan's arrays: their index arrays are
+    data (leaves: :func:`~blrppl.symbolic.compiled.with_index_leaves`), not the first plan's."""
+    reads = arrays.factors[entry.factor].terms[entry.index].reads
+    return next(r for r in reads if r.var == entry.var), tuple(r for r in reads if r.var != entry.var)
 
 
 def mean_layout(qs, mean, var):

@@ -206,10 +206,18 @@ def _strip(tree: Any) -> Any:
     if not isinstance(tree, Analysis):
         return tape.strip(tree)
     terms = tuple(
-        dataclasses.replace(t, coeff=float(t.coeff.value) if tape.is_dual(t.coeff) else t.coeff, operand=tape.strip(t.operand))
+        dataclasses.replace(
+            t, coeff=float(t.coeff.value) if tape.is_dual(t.coeff) else t.coeff, operand=tape.strip(t.operand),
+            reads=tuple(dataclasses.replace(r, index=tuple(_strip_index(i) for i in r.index)) for r in t.reads),
+        )
         for t in tree.terms
     )
     return dataclasses.replace(tree, terms=terms)
+
+
+def _strip_index(index: Any) -> Any:
+    """A read's index with a data-computed (leaf) array read as its numpy value."""
+    return dataclasses.replace(index, array=tape.strip(index.array)) if tape.is_dual(index.array) else index
 
 
 def _unsupported(plan: Plan) -> Optional[str]:

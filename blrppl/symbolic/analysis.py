@@ -11,7 +11,7 @@ import numpy as np
 from blrppl.graph import tape
 from blrppl.graph.data import DATA_ERRORS
 from blrppl.symbolic import algebra
-from blrppl.symbolic.compiled import Analysis
+from blrppl.symbolic.compiled import Analysis, with_index_leaves
 from blrppl.symbolic.interpret import Held, Interpreter
 from blrppl.symbolic.resolve import resolve
 from blrppl.symbolic.stacking import stack_terms
@@ -114,7 +114,7 @@ def analyse(
         ):
             raise NonConjugate(name, f"the categorical {name!r} is used as a number, not as an index")
     analysis = resolve(out, infos, space)
-    analysis = stack_terms(analysis, space) if joined else analysis
+    analysis = with_index_leaves(stack_terms(analysis, space) if joined else analysis)
     return dataclasses.replace(analysis, residual=True) if interpreter.left_out else analysis
 
 

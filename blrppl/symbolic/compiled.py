@@ -10,8 +10,11 @@ term's coefficient and operand array) and whose static structure is the rest
 (the reads, the operands' labels, the observation label), so a jitted
 function may take it as an argument: two analyses of one model on data of the
 same shapes have equal tree structures, and the function is traced once for
-both. Reads hold index arrays (``alpha[county]``); they are part of the
-structure, compared by value.
+both. Reads hold index arrays (``alpha[county]``, ``log(p)[x]`` for categorical
+observations x): those made of a few evenly spaced runs (a chain's steps, read as
+static slices) are part of the structure, compared by value; the others are
+leaves (:func:`with_index_leaves`), so that new group indices or categories of the
+same shapes are fitted by the same compiled program.
 """
 
 from __future__ import annotations
@@ -20,14 +23,51 @@ import dataclasses
 from typing import Any, Iterable, Optional
 
 import jax
+import numpy as np
 
+from blrppl.graph import tape
 from blrppl.symbolic.terms import Index, Operand
+
+MAX_RUNS = 8
+"""The most evenly spaced runs a constant index is read as (slices joined), not a gather."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """A leaf index array's place in a term's static structure: its shape and dtype only."""
+
+    shape: tuple
+    dtype: str
 
 
 def _index_key(index: Index) -> tuple:
     if index.direct:
         return (index.labels, None)
-    return (index.labels, (index.array.shape, str(index.array.dtype), index.array.tobytes()))
+    array = index.array
+    if isinstance(array, Slot):
+        return (index.labels, ("leaf", array.shape, array.dtype))
+    if tape.is_dual(array) or isinstance(array, jax.core.Tracer):  # compared by identity: no value read
+        return (index.labels, ("traced", tuple(np.shape(array)), id(array)))
+    array = np.asarray(array)
+    return (index.labels, (array.shape, str(array.dtype), array.tobytes()))
+
+
+def index_runs(positions: np.ndarray) -> list[tuple[int, int, int]]:
+    """``positions`` split greedily into evenly spaced runs ``(start, stop, step)`` (step >= 1)."""
+    runs, i = [], 0
+    while i < positions.size:
+        start = int(positions[i])
+        step = int(positions[i + 1] - start) if i + 1 < positions.size else 1
+        if step < 1:
+            step = 1
+            j = i + 1
+        else:
+            j = i + 1
+            while j < positions.size and positions[j] - positions[j - 1] == step:
+                j += 1
+        runs.append((start, int(positions[j - 1]) + 1, step))
+        i = j
+    return runs
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -92,10 +132,60 @@ class Analysis:
     residual: bool = False
 
 
-jax.tree_util.register_dataclass(StatTerm, data_fields=["coeff", "operand"], meta_fields=["reads", "obs_label"])
+def _flatten_term(term: StatTerm) -> tuple:
+    """Leaves: the coefficient, the operand and the reads' leaf index arrays; structure: the reads
+    with a :class:`Slot` for each leaf array, and the observation label."""
+    arrays, reads = [], []
+    for read in term.reads:
+        index = []
+        for idx in read.index:
+            if idx.leaf and not idx.direct and not isinstance(idx.array, Slot):
+                arrays.append(idx.array)
+                idx = Index(idx.labels, Slot(tuple(np.shape(idx.array)), str(idx.array.dtype)), leaf=True)
+            index.append(idx)
+        reads.append(StatRead(read.var, read.stat, tuple(index)))
+    return (term.coeff, term.operand, tuple(arrays)), (tuple(reads), term.obs_label)
+
+
+def _unflatten_term(structure: tuple, leaves: tuple) -> StatTerm:
+    reads, obs_label = structure
+    coeff, operand, arrays = leaves
+    arrays = iter(arrays)
+    reads = tuple(
+        StatRead(r.var, r.stat, tuple(Index(i.labels, next(arrays), True) if isinstance(i.array, Slot) else i for i in r.index))
+        for r in reads
+    )
+    return StatTerm(coeff, operand, reads, obs_label)
+
+
+jax.tree_util.register_pytree_node(StatTerm, _flatten_term, _unflatten_term)
 jax.tree_util.register_dataclass(Analysis, data_fields=["terms"], meta_fields=["obs_label", "obs_size", "residual"])
 
 
 def stats_needed(terms: Iterable[StatTerm], var: str) -> set[str]:
     """The statistic names of ``var`` that ``terms`` read."""
     return {r.stat for t in terms for r in t.reads if r.var == var}
+
+
+def with_index_leaves(analysis: Analysis) -> Analysis:
+    """``analysis`` with its index arrays as leaves of the compiled fit where they are data: every
+    array that is not a fixed position or a few evenly spaced runs (``MAX_RUNS``: a chain's
+    steps, read as static slices), and any computed from the data while a plan is recorded
+    (replayed: :mod:`blrppl.graph.tape`). New group indices ``alpha[g]`` or categorical
+    observations of the same shapes then plan the same structure: no compilation."""
+
+    def leaf(idx: Index) -> Index:
+        if idx.direct or idx.leaf:
+            return idx
+        if tape.is_dual(idx.array):
+            return Index(idx.labels, idx.array, True)
+        array = np.asarray(idx.array)
+        if array.ndim == 0 or (array.ndim == 1 and array.min() >= 0 and len(index_runs(array)) <= MAX_RUNS):
+            return idx
+        return Index(idx.labels, array, True)
+
+    terms = tuple(
+        dataclasses.replace(t, reads=tuple(StatRead(r.var, r.stat, tuple(leaf(i) for i in r.index)) for r in t.reads))
+        for t in analysis.terms
+    )
+    return dataclasses.replace(analysis, terms=terms)

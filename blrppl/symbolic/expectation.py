@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from blrppl.symbolic.compiled import Analysis, StatRead, StatTerm, stats_needed
+from blrppl.symbolic.compiled import MAX_RUNS, Analysis, StatRead, StatTerm, index_runs, stats_needed
 from blrppl.symbolic.statistics import (
     CHAIN,
     CHAIN_CATEGORICAL,
@@ -176,28 +176,6 @@ def read_statistic(
     return array, labels
 
 
-MAX_RUNS = 8
-"""The most evenly spaced runs a constant index is read as (slices joined), not a gather."""
-
-
-def _runs(positions: np.ndarray) -> list[tuple[int, int, int]]:
-    """``positions`` split greedily into evenly spaced runs ``(start, stop, step)`` (step >= 1)."""
-    runs, i = [], 0
-    while i < positions.size:
-        start = int(positions[i])
-        step = int(positions[i + 1] - start) if i + 1 < positions.size else 1
-        if step < 1:
-            step = 1
-            j = i + 1
-        else:
-            j = i + 1
-            while j < positions.size and positions[j] - positions[j - 1] == step:
-                j += 1
-        runs.append((start, int(positions[j - 1]) + 1, step))
-        i = j
-    return runs
-
-
 def _slice_ranges(array: jax.Array, index: list) -> tuple[jax.Array, list]:
     """Read constant index arrays made of a few evenly spaced runs as static slices.
 
@@ -223,7 +201,7 @@ def _slice_ranges(array: jax.Array, index: list) -> tuple[jax.Array, list]:
         positions = np.where(arr < 0, arr + size, arr).astype(np.int64)
         if positions.size == 0 or positions.min() < 0 or positions.max() >= size:
             continue  # out of range: left to the gather's own semantics
-        runs = _runs(positions)
+        runs = index_runs(positions)
         if len(runs) > MAX_RUNS:
             continue
         pieces = [jax.lax.slice_in_dim(array, start, stop, step, axis=axis) for start, stop, step in runs]

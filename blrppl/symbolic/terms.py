@@ -71,10 +71,13 @@ class Index:
     ``array is None``: the axis is read in step with the single label
     ``labels[0]``. Otherwise ``array`` is a constant integer array with one
     dimension per label in ``labels`` (possibly none: a fixed position).
+    ``leaf``: in a finished analysis, the array is data of the compiled fit (a
+    leaf of its pytree, :mod:`blrppl.symbolic.compiled`), not part of its structure.
     """
 
     labels: tuple[Label, ...]
     array: Optional[np.ndarray] = None
+    leaf: bool = False
 
     @property
     def direct(self) -> bool:
