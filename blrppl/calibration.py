@@ -10,11 +10,14 @@ biased mean), honestly.
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from typing import Any, Mapping, NamedTuple, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from numpyro import handlers
 from numpyro.infer import Predictive
 
 from blrppl.errors import ModelError
@@ -31,12 +34,14 @@ class Calibration(NamedTuple):
         ``batch.failed``), left out of ``ranks``: their q is no answer to rank
         against. Many of them say the engine breaks on this model's prior
         predictive, which the ranks of the others cannot show.
+      unranked: latent sites of the model that q gives no draws of (warned): not calibrated.
     """
 
     ranks: dict
     num_draws: int
     batch: Any
     failed: tuple = ()
+    unranked: tuple = ()
 
     def chi_square(self, num_bins: int = 10) -> dict:
         """Per site: the p-value of a chi-square test that the ranks are uniform.
@@ -120,10 +125,19 @@ def simulation_based_calibration(
     Returns:
       A :class:`Calibration`.
     """
+    if int(num_datasets) != num_datasets or num_datasets < 1:
+        raise ValueError(f"num_datasets must be a positive integer, got {num_datasets}.")
     sim_key, fit_key, draw_key = jax.random.split(rng_key, 3)
     sites = dict(observed) if isinstance(observed, Mapping) else {name: name for name in _names(observed)}
+    _check_observed_arguments(engine.model, model_args, sites)
     simulate_kwargs = {**model_kwargs, **{argument: None for argument in sites}}
-    prior = Predictive(engine.model, num_samples=num_datasets)(sim_key, *model_args, **simulate_kwargs)
+    try:
+        prior = Predictive(engine.model, num_samples=int(num_datasets))(sim_key, *model_args, **simulate_kwargs)
+    except TypeError as error:  # the model's own call refused its arguments
+        raise ModelError(
+            f"the model could not be called with the arguments given and {sorted(sites)} set to None to simulate "
+            f"({error}); pass the model's arguments as for engine.run, the observed ones by keyword."
+        ) from error
     missing = [site for site in sites.values() if site not in prior]
     if missing:
         raise ModelError(
@@ -137,6 +151,15 @@ def simulation_based_calibration(
     batch = engine.run_batched(fit_key, num_steps, *batched_args, tol=tol, **batched_kwargs)
     variables = batch[0].plan.graph.variables.values()  # a joint block's sites are its members'
     latents = [m.name for node in variables for m in (node.members or (node,)) if m.name in prior]
+    # Latent sites that q holds inside another's block (a chain's initial state) are ranked from
+    # q's draws too; any left unranked is said, never skipped silently.
+    example = batch[0].sample(draw_key, 1)
+    model_latents = _latent_sites(engine.model, model_args, model_kwargs, sites, prior)
+    latents += [site for site in model_latents if site not in latents and site in example]
+    unranked = tuple(site for site in model_latents if site not in latents)
+    if unranked:
+        warnings.warn(f"simulation-based calibration cannot rank the latent sites {list(unranked)}: q gives no draws of "
+                      "them.", stacklevel=2)
     if not latents:  # nothing to rank: no calibration, not a pass
         raise ModelError(
             f"site {next(iter(sites.values()))!r}: no latent of the fitted model is a sample site of its prior "
@@ -155,7 +178,43 @@ def simulation_based_calibration(
         for site in latents:
             truth = jnp.asarray(prior[site][i])
             ranks[site].append(np.asarray(jnp.sum(draws[site] < truth, axis=0)))
-    return Calibration({s: np.stack(r) for s, r in ranks.items()}, num_draws, batch, failed)
+    return Calibration({s: np.stack(r) for s, r in ranks.items()}, num_draws, batch, failed, unranked)
+
+
+def _check_observed_arguments(model: Any, model_args: tuple, sites: Mapping[str, str]) -> None:
+    """Each observed name is a keyword argument of the model, not also given by position."""
+    try:
+        signature = inspect.signature(model)
+    except (TypeError, ValueError):  # a callable without a signature: its own call says
+        return
+    parameters = signature.parameters
+    open_keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    for argument in sites:
+        if argument not in parameters and not open_keywords:
+            raise ModelError(
+                f"site {sites[argument]!r}: observed names the keyword argument {argument!r}, which the model does not "
+                f"take (its arguments: {list(parameters)}); name the arguments that hold observed values."
+            )
+    try:
+        bound = signature.bind_partial(*model_args).arguments
+    except TypeError:
+        return
+    for argument in sites:
+        if argument in bound:
+            raise ModelError(
+                f"site {sites[argument]!r}: the observed argument {argument!r} is also given by position; pass the "
+                "model's other arguments by position and leave the observed ones out (they are simulated)."
+            )
+
+
+def _latent_sites(model: Any, model_args: tuple, model_kwargs: dict, sites: Mapping[str, str], prior: dict) -> list:
+    """The model's latent sample sites (not observed), from one trace at data set 0's values."""
+    data = {argument: np.asarray(prior[site][0]) for argument, site in sites.items()}
+    try:
+        trace = handlers.trace(handlers.seed(model, 0)).get_trace(*model_args, **{**model_kwargs, **data})
+    except Exception:  # noqa: BLE001 - the fit traced it already; without a trace, the plan's latents stand
+        return []
+    return [name for name, site in trace.items() if site["type"] == "sample" and not site["is_observed"]]
 
 
 def _names(observed: Union[str, Sequence[str]]) -> tuple:

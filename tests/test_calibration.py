@@ -13,6 +13,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
+from numpyro.contrib.control_flow import scan
 
 import blrppl
 from blrppl.calibration import Calibration, simulation_based_calibration
@@ -273,3 +274,41 @@ def test_a_collapsed_member_is_flagged_in_float32():
     out = json.loads(run_in_float32(FLOAT32_IMPROPER).strip().splitlines()[-1])
     assert out["dtype"] == "float32" and 1 in out["flagged"] and 0 not in out["flagged"]
     assert any("'sigma'" in f and ("boundary" in f or "improper" in f) for f in out["flags"])
+
+
+def _local_level(num_steps, y=None):
+    x0 = numpyro.sample("x0", dist.Normal(0.0, 3.0))
+
+    def step(previous, y_t):
+        x = numpyro.sample("x", dist.Normal(previous, 0.5))
+        numpyro.sample("y", dist.Normal(x, 0.8), obs=y_t)
+        return x, None
+
+    scan(step, x0, y, length=num_steps)
+
+
+def test_a_latent_that_q_holds_in_a_chain_is_ranked_too(rng_key):
+    """A scan's initial state ``x0`` is part of the chain's q (``posterior`` has only ``x``): its
+    draws come from q's samples, and its ranks are calibrated with the rest (before: left out)."""
+    calibration = simulation_based_calibration(blrppl.ConjugateBayes(_local_level), rng_key, 100, 12, observed=("y",))
+    assert sorted(calibration.ranks) == ["x", "x0"] and calibration.unranked == ()
+    assert calibration.ranks["x0"].shape == (100,)
+    assert min(calibration.chi_square().values()) > 1e-3
+
+
+def _counts(n, y=None):
+    rate = numpyro.sample("rate", dist.Gamma(2.0, 1.0))
+    with numpyro.plate("n", n):
+        numpyro.sample("y", dist.Poisson(rate), obs=y)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda e, k: simulation_based_calibration(e, k, 10, 5, observed=("z",)), "does not take"),
+    (lambda e, k: simulation_based_calibration(e, k, 10, 5, None, observed=("y",)), "also given by position"),
+    (lambda e, k: simulation_based_calibration(e, k, 10, 5, observed=("y",), extra=1), "could not be called"),
+])
+def test_misused_arguments_are_model_errors(rng_key, call, message):
+    with pytest.raises(blrppl.ModelError, match=message):
+        call(blrppl.ConjugateBayes(_counts), rng_key)
+    with pytest.raises(ValueError, match="positive integer"):
+        simulation_based_calibration(blrppl.ConjugateBayes(_counts), rng_key, 0, 5, observed=("y",))
