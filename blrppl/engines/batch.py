@@ -148,7 +148,7 @@ def run_batched(
     plans: list = [None] * size
     fast, stacked = (), None
     first_args, first_kwargs = data_set(model_args, model_kwargs, 0)
-    plans[0] = engine.plan(*first_args, **first_kwargs)
+    plans[0] = _member_plan(engine, 0, first_args, first_kwargs)
     replanner = engine.replanner(*first_args, **first_kwargs)
     if replanner is not None:  # every data set replanned in one compiled, vmapped call
         batch = split_model_data(model_args, model_kwargs)
@@ -165,8 +165,7 @@ def run_batched(
         fast, stacked = tuple(int(i) for i in members), arrays
     for i in range(size):
         if plans[i] is None:  # planned on the host: its structure differs, or its data are invalid
-            args, kwargs = data_set(model_args, model_kwargs, i)
-            plans[i] = engine.plan(*args, **kwargs)
+            plans[i] = _member_plan(engine, i, *data_set(model_args, model_kwargs, i))
     groups: dict = {}
     for i, plan in enumerate(plans):
         groups.setdefault(plan.signature, []).append(i)
@@ -189,6 +188,14 @@ def run_batched(
     return BatchResult(
         results=tuple(results), elbo=jnp.asarray(elbo), num_steps=num_run, stopped=stopped, failed=failed
     )
+
+
+def _member_plan(engine: Any, index: int, args: tuple, kwargs: dict) -> Any:
+    """Data set ``index``'s plan; its data's errors name it (the other data sets may be fine)."""
+    try:
+        return engine.plan(*args, **kwargs)
+    except ModelError as error:
+        raise ModelError(f"data set {index} of the batch: {error}") from error
 
 
 def _batchable(plans: list) -> None:

@@ -200,3 +200,15 @@ def test_an_improper_conditional_fails_its_data_set_alone_in_a_batch(rng_key):
     assert "ELBO has no maximum" in batch[0].flags[0] and not batch[1].flags
     single = engine.run(jax.random.fold_in(rng_key, 1), 50, y=y[1], progress_bar=False)
     np.testing.assert_allclose(batch[1].elbo, single.elbo, rtol=1e-10)
+
+
+def test_a_batch_names_the_data_set_whose_data_are_invalid(rng_key):
+    def mean_of(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 3.0))
+        with numpyro.plate("n", y.shape[0]):
+            numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+    ys = np.random.default_rng(0).normal(size=(4, 10))
+    ys[2, 3] = np.nan
+    with pytest.raises(blrppl.ModelError, match="data set 2 of the batch: site 'y'"):
+        blrppl.VMP(mean_of).run_batched(rng_key, 50, ys)
