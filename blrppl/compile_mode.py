@@ -46,12 +46,21 @@ import numpy as np
 
 from blrppl.flops import jaxpr_flops
 
-FAST_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
+FAST_CPU_OPTIONS = {
+    "xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0, "xla_cpu_parallel_codegen_split_count": 1,
+}
 """XLA:CPU compiler options that trade run time for compile time (2-4x less compile time
 on blrppl's programs; the fusion emitters alone give 1.3-1.8x, the optimisation level most of the rest).
-Only those that the installed XLA:CPU knows are passed (:func:`fast_cpu_options`)."""
+Both sets compile a program as one LLVM module (``xla_cpu_parallel_codegen_split_count``: XLA:CPU
+splits it into parts compiled by a thread pool, whose repeated work costs more CPU than the threads
+save where two programs already compile side by side on 2 cores: the starts and loops of eight
+schools, radon, the HMM, a linear regression and the Nile compile with 10-30% less CPU, first
+calls' CPU 5-15% less, run times unchanged). Only those that the installed XLA:CPU knows are
+passed (:func:`fast_cpu_options`)."""
 
-BALANCED_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 2}
+BALANCED_CPU_OPTIONS = {
+    "xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 2, "xla_cpu_parallel_codegen_split_count": 1,
+}
 """XLA:CPU compiler options for larger data in mode "auto": XLA's defaults without its fusion
 emitters and at LLVM level 2, which compile a program 1.3-1.9x sooner and run it at about
 the same speed (measured on 2 cores: the logistic regression on 100,000 rows, first call
