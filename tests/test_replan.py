@@ -343,3 +343,32 @@ def test_categorical_observations_are_data_of_one_compiled_fit(rng_key):
     assert len({member.plan.signature for member in batch}) == 1
     for member, alpha in zip(batch, exact):
         np.testing.assert_allclose(member.posterior["p"].mean, alpha / alpha.sum(), rtol=1e-12)
+
+
+def test_a_batch_planned_on_the_host_runs_the_batched_fit_compiled_before(rng_key):
+    """New group indices in every data set are planned on the host: their stacked arrays are typed
+    as the compiled planner's batch (strongly), so the batched start and loop compile once."""
+    from tests.compiles import compilations, compiled_names
+
+    rng = np.random.default_rng(5)
+    engine = blrppl.ConjugateBayes(random_intercepts)
+    first = [rng.integers(0, 5, (4, 30)), rng.normal(size=(4, 30))]
+    engine.run_batched(rng_key, 20, first[0], 5, y=first[1])
+    with compilations() as messages:
+        batch = engine.run_batched(rng_key, 20, rng.integers(0, 5, (4, 30)), 5, y=rng.normal(size=(4, 30)))
+    names = compiled_names(messages)
+    assert "jit(_run_chunks)" not in names and "jit(_init_many)" not in names, names
+    assert not batch.failed.any()
+
+
+def test_a_minibatch_model_in_a_batch_says_it_cannot_be_batched(rng_key):
+    def subsampled(g, y=None):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+        a = numpyro.sample("a", dist.Normal(0.0, 2.0).expand([5]).to_event(1))
+        with numpyro.plate("n", 200, subsample_size=40) as idx:
+            numpyro.sample("y", dist.Normal(mu + a[g[idx]], 0.7), obs=y[idx])
+
+    rng = np.random.default_rng(0)
+    g, y = jnp.asarray(rng.integers(0, 5, (3, 200))), jnp.asarray(rng.normal(size=(3, 200)))
+    with pytest.raises(blrppl.ModelError, match="minibatch fits cannot be batched"):
+        blrppl.SVI(subsampled, mode="local").run_batched(rng_key, 10, g, y=y)

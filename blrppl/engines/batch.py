@@ -31,7 +31,7 @@ from blrppl.blr import driver
 from blrppl.blr.checks import fit_error, sound_members
 from blrppl.blr.newton import PLAIN_STEPS_FIRST
 from blrppl.blr.restarts import default_restarts, restart_keys
-from blrppl.compile_mode import to_host
+from blrppl.compile_mode import to_device, to_host
 from blrppl.errors import ModelError
 from blrppl.graph.data import split_model_data
 from blrppl.results import BatchResult, BLRResult, Convergence
@@ -121,9 +121,12 @@ def _array_shapes(model_args: tuple, model_kwargs: dict) -> list[tuple[str, tupl
 
 def data_set(model_args: tuple, model_kwargs: dict, index: int) -> tuple[tuple, dict]:
     """Data set ``index`` of a batch: every array argument indexed on its first axis (a row of a
-    (B,) argument stays a 0-d array, not a numpy scalar, which a plan would take as a constant)."""
+    (B,) argument stays a 0-d array, not a numpy scalar, which a plan would take as a constant), a
+    JAX array's row a JAX array (transferred: nothing compiles), as the model may need it to be
+    (``y[idx]`` with a plate's traced indices)."""
     data = split_model_data(model_args, model_kwargs)
-    return data.rebuild([np.asarray(np.asarray(a)[index]) for a in data.arrays])
+    rows = [np.asarray(np.asarray(a)[index]) for a in data.arrays]
+    return data.rebuild([to_device(r) if isinstance(a, jax.Array) else r for a, r in zip(data.arrays, rows)])
 
 
 def run_batched(
@@ -213,8 +216,11 @@ def _batchable(plans: list) -> None:
 
 
 def _stacked(plans: list, arrays: Any) -> Any:
+    """The plans' arrays stacked on a leading axis on the host and transferred (nothing compiles),
+    strongly typed as the compiled planner's batch is (stacked Python floats were weakly typed, and
+    the batched fit compiled again)."""
     if arrays is None:
-        arrays = jax.tree.map(lambda *leaves: jnp.stack([jnp.asarray(x) for x in leaves]), *[p.arrays for p in plans])
+        arrays = jax.tree.map(lambda *leaves: to_device(np.stack([np.asarray(x) for x in leaves])), *[p.arrays for p in plans])
     return arrays
 
 
@@ -241,7 +247,7 @@ def _run_group(engine, plans, keys, num_steps, tol, progress_bar, arrays=None) -
     natural = to_host(states.natural)  # every member's λ for the checks, in one transfer
     last = np.where(num_run > 0, elbo[np.arange(len(plans)), np.maximum(num_run - 1, 0)], np.nan)
     scales = None if states.elbo_scale is None else np.asarray(states.elbo_scale)
-    sound = sound_members(first.qs, natural, last, scales)
+    sound = sound_members(first.qs, natural, last, scales, _peaks(elbo))
     for i, plan in enumerate(plans):
         n = int(num_run[i])
         state = _row(states, i)
@@ -257,6 +263,11 @@ def _run_group(engine, plans, keys, num_steps, tol, progress_bar, arrays=None) -
         )
         out.append((result, elbo[i], n, bool(stopped[i]), failed))
     return out
+
+
+def _peaks(elbo: np.ndarray) -> np.ndarray:
+    """Each trace's highest finite ELBO (-inf where none)."""
+    return np.max(np.where(np.isfinite(elbo), elbo, -np.inf), axis=1, initial=-np.inf)
 
 
 def _with_newton(algorithm, num_steps, arrays, states, elbo, num_run, stopped, tol, progress_bar) -> tuple:
@@ -295,7 +306,8 @@ def _run_group_with_restarts(engine, plans, keys, num_steps, tol, progress_bar, 
     elbo, num_run, stopped = np.asarray(elbo), np.asarray(num_run), np.asarray(stopped)  # one read each
     natural = to_host(states.natural)
     last = np.where(num_run > 0, elbo[np.arange(len(num_run)), np.maximum(num_run - 1, 0)], np.nan)
-    sound = sound_members(first.qs, natural, last, None if states.elbo_scale is None else np.asarray(states.elbo_scale))
+    scales = None if states.elbo_scale is None else np.asarray(states.elbo_scale)
+    sound = sound_members(first.qs, natural, last, scales, _peaks(elbo))
     out = []
     for b, plan in enumerate(plans):
         rows = slice(b * count, (b + 1) * count)
