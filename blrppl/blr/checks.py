@@ -353,15 +353,18 @@ def runaway_sites(qs: Mapping[str, Any], natural: Mapping[str, Any], side: int =
 
 
 def sound_members(
-    qs: Mapping[str, Any], natural: Mapping[str, Any], last_elbo: np.ndarray, elbo_scale: Any = None
+    qs: Mapping[str, Any], natural: Mapping[str, Any], last_elbo: np.ndarray, elbo_scale: Any = None,
+    peak_elbo: Optional[np.ndarray] = None,
 ) -> np.ndarray:
     """Per member of a batch of fits (λ and final ELBOs with a leading axis B, on the host):
     whether its q is finite with no Gaussian q collapsed and its final ELBO finite, at most
-    1e30 and resolved (``elbo_scale``: ``BLRState.elbo_scale`` per member, or None), so that
-    :func:`improper_posterior_error` and :func:`unresolved_elbo_error` cannot fail it (the others
-    are checked one by one)."""
+    1e30 and resolved (``elbo_scale``: ``BLRState.elbo_scale`` per member, or None), and the
+    highest it reached (``peak_elbo``) at most 1e30, so that :func:`improper_posterior_error` and
+    :func:`unresolved_elbo_error` cannot fail it (the others are checked one by one)."""
     size = len(last_elbo)
     sound = np.isfinite(last_elbo) & (last_elbo <= 1e30)
+    if peak_elbo is not None:
+        sound &= ~(np.asarray(peak_elbo) > 1e30)
     if elbo_scale is not None:
         with np.errstate(all="ignore"):
             noise = np.asarray(elbo_scale) * float(np.finfo(last_elbo.dtype).eps)
@@ -543,7 +546,11 @@ def improper_posterior_error(qs: Mapping[str, Any], natural: Mapping[str, Any], 
     # stopped short of +inf by the ELBO guard (which rejects steps that overflow).
     bound = 1e30 if collapsed else 1e100
     last = float(elbo[-1]) if elbo.size else 0.0  # a Python float: 1e100 overflows a float32 comparison
-    grows = bool(elbo.size) and (last > bound)
+    # The peak, not only the end: where a diverging run stops climbing is rounding (a guard that
+    # rejected every later step left one fit at 2e28 after it had reached 2.5e30).
+    reached = elbo[np.isfinite(elbo)]
+    peak = float(np.max(reached)) if reached.size else last
+    grows = bool(elbo.size) and (max(last, peak) > bound)
     if grows or (collapsed and (erratic(elbo) or not bool(np.all(np.isfinite(elbo))))):
         site = (runaway_sites(qs, natural) + collapsed + list(qs))[0]
         return ModelError(

@@ -56,6 +56,23 @@ def test_a_collapsed_q_with_an_erratic_elbo_is_an_improper_posterior():
     assert improper_posterior_error(qs, natural, -40.0 + 0.01 * np.arange(8.0)) is None  # smooth: a tiny sd is allowed
 
 
+def test_an_elbo_that_reached_past_any_model_is_a_divergence_wherever_it_ended():
+    """A collapsing q whose ELBO climbed past 1e30 and ended below it (a guard rejected every later
+    step; where is rounding: single and batched fits ended at 2e28 and at inf) is an error."""
+    from types import SimpleNamespace
+
+    family = SimpleNamespace(gaussian=True, chain=False)
+    qs = {"mu": SimpleNamespace(family=family, transform=None), "sigma": SimpleNamespace(family=family, transform="log")}
+    natural = {
+        "mu": normal.NormalStats(x=np.array(2.0 * 5e23), x_sq=np.array(-0.5 * 5e23)),
+        "sigma": normal.NormalStats(x=np.array(-50.0 * 1e20), x_sq=np.array(-0.5 * 1e20)),
+    }
+    trace = np.concatenate([np.geomspace(1e2, 2.5e30, 40), np.full(60, 1.98e28)])
+    assert not erratic(trace)
+    error = improper_posterior_error(qs, natural, trace)
+    assert error is not None and "site 'sigma'" in str(error) and "grows without bound" in str(error)
+
+
 def test_a_deterministic_run_that_ended_far_below_its_best_elbo_is_flagged():
     from blrppl.blr.checks import fell_from_best
 
