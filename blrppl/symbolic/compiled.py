@@ -31,6 +31,10 @@ from blrppl.symbolic.terms import Index, Operand
 MAX_RUNS = 8
 """The most evenly spaced runs a constant index is read as (slices joined), not a gather."""
 
+MIN_RUN_LENGTH = 4
+"""The shortest mean run of an index kept static (a chain's steps, ``[1, 1, 2, ..., T - 1]``): short
+runs are data (8 random group indices are at most 8 runs), whose new values must not compile."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Slot:
@@ -169,8 +173,8 @@ def stats_needed(terms: Iterable[StatTerm], var: str) -> set[str]:
 
 def with_index_leaves(analysis: Analysis) -> Analysis:
     """``analysis`` with its index arrays as leaves of the compiled fit where they are data: every
-    array that is not a fixed position or a few evenly spaced runs (``MAX_RUNS``: a chain's
-    steps, read as static slices), and any computed from the data while a plan is recorded
+    array that is not a fixed position or a few long evenly spaced runs (``MAX_RUNS``,
+    ``MIN_RUN_LENGTH``: a chain's steps, read as static slices), and any computed from the data while a plan is recorded
     (replayed: :mod:`blrppl.graph.tape`). New group indices ``alpha[g]`` or categorical
     observations of the same shapes then plan the same structure: no compilation."""
 
@@ -180,8 +184,12 @@ def with_index_leaves(analysis: Analysis) -> Analysis:
         if tape.is_dual(idx.array):
             return Index(idx.labels, idx.array, True)
         array = np.asarray(idx.array)
-        if array.ndim == 0 or (array.ndim == 1 and array.min() >= 0 and len(index_runs(array)) <= MAX_RUNS):
+        if array.ndim == 0:
             return idx
+        if array.ndim == 1 and array.min() >= 0:
+            runs = len(index_runs(array))
+            if runs <= MAX_RUNS and array.size >= MIN_RUN_LENGTH * runs:
+                return idx
         return Index(idx.labels, array, True)
 
     terms = tuple(
