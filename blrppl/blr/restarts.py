@@ -18,7 +18,7 @@ and ELBO are finite (:func:`best_restart`).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -84,16 +84,17 @@ def finite_state(state: Any, elbo: Any) -> bool:
     return natural_ok and (len(elbo) == 0 or bool(np.isfinite(np.asarray(elbo)[-1])))
 
 
-TIE = 1e-10
-"""Final ELBOs within this, relative (or within the fit's ``tol``, if larger), are one optimum."""
+TIE = 1e-9
+"""Final ELBOs within this, relative, are equal: which is highest is the rounding of the programs
+that ran them (a batched fit's, a single one's), not the fits."""
 
 
-def best_restart(states: Any, elbo: jax.Array, num_run: list[int], tol: Optional[float] = None) -> tuple[int, list[bool]]:
+def best_restart(states: Any, elbo: jax.Array, num_run: list[int]) -> tuple[int, list[bool]]:
     """The restart with the highest final ELBO among the finite ones (-1: none), and which are finite.
 
-    Restarts that ended within ``max(tol, TIE)`` (relative) of the highest reached one optimum, and
-    the first of them is the best: which one is highest among them is rounding (a batched fit and
-    a single one would pick different restarts, a few steps and 1e-6 in a mean apart)."""
+    Restarts that ended within ``TIE`` (relative) of the highest are tied, and the first of them
+    is the best: a batched fit and a single one picked different restarts of a mixture that had
+    converged to one optimum (1e-10 apart), a few steps and 1e-6 in a mean apart."""
     natural = jax.tree.map(np.asarray, states.natural)  # read once: no eager device ops per restart
     elbo = np.asarray(elbo)
     finite = []
@@ -105,7 +106,7 @@ def best_restart(states: Any, elbo: jax.Array, num_run: list[int], tol: Optional
         return -1, finite
     finals = np.asarray([elbo[c, n - 1] if ok else -np.inf for c, (n, ok) in enumerate(zip(num_run, finite))])
     best = float(np.max(finals))
-    margin = max(TIE, float(tol or 0.0)) * max(1.0, abs(best))
+    margin = TIE * max(1.0, abs(best))
     return int(np.flatnonzero(finals >= best - margin)[0]), finite
 
 

@@ -291,7 +291,7 @@ class Engine:
         the best restart (default: :meth:`_flags`)."""
         algorithm = self.build(plan)
         num_run = num_run.tolist()  # one read (iterating a device array compiles an unstack)
-        best, finite = best_restart(states, elbo, num_run, tol)
+        best, finite = best_restart(states, elbo, num_run)
         if best < 0:
             return None
         state = driver.take(states, best)
