@@ -198,3 +198,31 @@ def test_damped_rate_one_steps_settle_in_float32():
     ref = blrppl.NonConjugateVI(entry.model).run(jax.random.key(0), 500, *args, progress_bar=False, tol=1e-10, **kwargs)
     sd = np.sqrt(np.asarray(ref.posterior["h"].variance))
     assert np.all(np.abs(np.asarray(means) - np.asarray(ref.posterior["h"].mean)) <= 0.01 * sd)
+
+
+def test_new_group_indices_in_float32_share_the_program_and_the_batch():
+    """Index arrays that are data (``a[g]``) are int64 in a host plan and int32 on the device
+    without x64: one structure either way (a batch mixing both failed to stack)."""
+    out = run_in_float32(
+        """
+import jax, numpy as np, numpyro, numpyro.distributions as dist, blrppl
+def model(g, num_groups, y=None):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    a = numpyro.sample("a", dist.Normal(0.0, 1.0).expand([num_groups]).to_event(1))
+    with numpyro.plate("n", len(g)):
+        numpyro.sample("y", dist.Normal(mu + a[g], 0.7), obs=y)
+rng = np.random.default_rng(1)
+gs = rng.integers(0, 5, (4, 40)); ys = (rng.normal(size=(4, 40)) + 0.3 * gs).astype(np.float32)
+key = jax.random.PRNGKey(0)
+engine = blrppl.ConjugateBayes(model)
+engine.run(key, 10, gs[0], 5, y=ys[0], progress_bar=False)
+second = engine.run(key, 10, gs[1], 5, y=ys[1], progress_bar=False)
+fresh = blrppl.ConjugateBayes(model).run(key, 10, gs[1], 5, y=ys[1], progress_bar=False)
+batch = engine.run_batched(key, 10, gs, 5, y=ys)
+print(second.posterior["a"].mean.dtype, float(np.max(np.abs(second.posterior["a"].mean - fresh.posterior["a"].mean))),
+      float(np.max(np.abs(batch[1].posterior["a"].mean - second.posterior["a"].mean))), bool(batch.failed.any()))
+"""
+    )
+    dtype, second_error, batch_error, failed = out.split()
+    assert dtype == "float32" and failed == "False"
+    assert float(second_error) <= 1e-6 and float(batch_error) <= 1e-6

@@ -145,7 +145,9 @@ def _flatten_term(term: StatTerm) -> tuple:
         for idx in read.index:
             if idx.leaf and not idx.direct and not isinstance(idx.array, Slot):
                 arrays.append(idx.array)
-                idx = Index(idx.labels, Slot(tuple(np.shape(idx.array)), str(idx.array.dtype)), leaf=True)
+                # The canonical dtype: a host plan's int64 indices are int32 on the device without x64.
+                dtype = str(jax.dtypes.canonicalize_dtype(idx.array.dtype))
+                idx = Index(idx.labels, Slot(tuple(np.shape(idx.array)), dtype), leaf=True)
             index.append(idx)
         reads.append(StatRead(read.var, read.stat, tuple(index)))
     return (term.coeff, term.operand, tuple(arrays)), (tuple(reads), term.obs_label)
