@@ -281,10 +281,14 @@ def _with_newton(algorithm, num_steps, arrays, states, elbo, num_run, stopped, t
         algorithm, num_steps, arrays, states, tol=tol, progress_bar=progress_bar, batched_data=True
     )
     more_elbo, more_run = np.asarray(more_elbo), np.where(going, np.asarray(more_run), 0)
+    more_elbo = more_elbo if more_elbo.shape[1] else np.full((len(more_elbo), 1), np.nan, elbo.dtype)
     total = num_run + more_run
-    joined = np.full((len(total), max(elbo.shape[1], int(total.max()))), np.nan, elbo.dtype)
-    for i, (n, m) in enumerate(zip(num_run, more_run)):  # B host rows, not data points
-        joined[i, :n], joined[i, n: n + m] = elbo[i, :n], more_elbo[i, :m]
+    length = max(elbo.shape[1], int(total.max()))
+    steps = np.arange(length)[None, :]
+    first, later = steps < num_run[:, None], steps - num_run[:, None]  # step t of the joined trace
+    padded = np.pad(elbo, ((0, 0), (0, length - elbo.shape[1])), constant_values=np.nan)
+    after = np.take_along_axis(more_elbo, np.clip(later, 0, more_elbo.shape[1] - 1), axis=1)
+    joined = np.where(first, padded, np.where((later >= 0) & (later < more_run[:, None]), after, np.nan))
     states = driver.select_rows(going, more, states)
     return states, joined, total, np.where(going, np.asarray(more_stopped), stopped)
 
