@@ -18,6 +18,11 @@ makes the answer precise through ``numpyro.contrib.control_flow.scan``, where
 ``numpyro.infer.inspect.get_model_relations`` over-approximates (it joins all
 sites of a scan body).
 
+An indexing equation whose indices come from the data and fall outside its
+operand (:mod:`blrppl.graph.index_bounds`) marks its outputs with its
+:class:`~blrppl.graph.index_bounds.OutOfRange`, so that the tracer can name
+the sites it reaches.
+
 Every top-level ``scan`` also marks its outputs with a :class:`ScanTag`, and
 the inputs its initial carry depends on are recorded: the tracer uses both to
 recognise latent chains and to join a chain with its initial state.
@@ -30,9 +35,10 @@ from typing import Any, Callable, Hashable, Sequence
 
 import jax
 
+from blrppl.graph.index_bounds import OutOfRange, out_of_range
 from blrppl.graph.jaxpr import inner_jaxpr, open_jaxpr, walk
 
-Deps = frozenset  # a set of input indices (ints) and ScanTag values
+Deps = frozenset  # a set of input indices (ints), ScanTag and OutOfRange values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +70,10 @@ class Analysis:
         """Top-level scans that output ``position`` passes through."""
         return frozenset(d for d in self.outputs[position] if isinstance(d, ScanTag))
 
+    def out_of_range(self, position: int) -> list[OutOfRange]:
+        """Indexing equations with out-of-range data indices that output ``position`` reads."""
+        return [d for d in self.outputs[position] if isinstance(d, OutOfRange)]
+
 
 _EMPTY: Deps = frozenset()
 
@@ -72,6 +82,7 @@ _EMPTY: Deps = frozenset()
 class _Context:
     depth: int = 0
     scan_init: dict = dataclasses.field(default_factory=dict)
+    out_of_range: dict = dataclasses.field(default_factory=dict)  # id(eqn) -> OutOfRange
 
 
 def output_dependencies(fn: Callable[..., Any], *flat_args: Any) -> Analysis:
@@ -91,7 +102,7 @@ def output_dependencies(fn: Callable[..., Any], *flat_args: Any) -> Analysis:
         a ``ModelError`` naming the site.
     """
     closed = jax.make_jaxpr(fn)(*flat_args)
-    ctx = _Context()
+    ctx = _Context(out_of_range=out_of_range(closed))
     in_deps = [frozenset([i]) for i in range(len(closed.jaxpr.invars))]
     return Analysis(outputs=_walk_closed(closed, in_deps, ctx), scan_init=ctx.scan_init)
 
@@ -143,7 +154,8 @@ def _equation(eqn: Any, ins: list[Deps], ctx: _Context) -> list[Deps]:
         finally:
             ctx.depth -= 1
     every = _union(ins)
-    return [every] * n_out
+    bad = ctx.out_of_range.get(id(eqn))
+    return [every if bad is None else every | {bad}] * n_out
 
 
 def _scan(eqn: Any, ins: list[Deps], ctx: _Context) -> list[Deps]:

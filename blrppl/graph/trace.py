@@ -277,6 +277,15 @@ def _site_dependencies(
     dist_deps = {n: set() for n in sites}
     dist_scans = {n: set() for n in sites}
     for position, (name, part) in enumerate(record):
+        bad = analysis.out_of_range(position)
+        if bad:
+            raise site_error(
+                name,
+                f"an index from the data is out of range: {bad[0].detail}",
+                "indices are 0-based and must be below the size of the axis they index (codes 1..G "
+                "need `g - 1`; size a latent by the number of groups, e.g. `len(np.unique(g))` or "
+                "`int(g.max()) + 1`)",
+            )
         if name not in value_deps:
             continue
         found = {names[i] for i in analysis.inputs_of(position)}
