@@ -115,9 +115,31 @@ def from_numpyro(d: dist.Distribution) -> CategoricalStats:
     return CategoricalStats(one_hot=jnp.broadcast_to(nat.one_hot, shape))
 
 
-def to_numpyro(natural: CategoricalStats) -> dist.CategoricalLogits:
-    """Return ``dist.Categorical(logits=λ)``."""
-    return dist.CategoricalLogits(natural.one_hot)
+class CategoricalQ(dist.CategoricalLogits):
+    """``dist.Categorical(logits=λ)`` with the moments of its integer value.
+
+    numpyro's ``Categorical.mean`` and ``.variance`` are NaN; here they are
+    Σ_k k π_k and Σ_k k² π_k - mean², as for any other q (``.probs`` gives π).
+    """
+
+    @property
+    def mean(self):
+        return _value_moments(self.probs)[0]
+
+    @property
+    def variance(self):
+        return _value_moments(self.probs)[1]
+
+
+def _value_moments(probs: Array) -> tuple[Array, Array]:
+    values = jnp.arange(probs.shape[-1], dtype=probs.dtype)
+    mean = probs @ values
+    return mean, probs @ values**2 - mean**2
+
+
+def to_numpyro(natural: CategoricalStats) -> CategoricalQ:
+    """Return ``dist.Categorical(logits=λ)`` (:class:`CategoricalQ`: with finite moments)."""
+    return CategoricalQ(natural.one_hot)
 
 
 def sample(

@@ -238,6 +238,7 @@ _DENSITIES: dict[str, Callable] = {
     "BinomialProbs": _binomial_probs,
     "CategoricalProbs": _categorical_probs,
     "CategoricalLogits": _categorical_logits,
+    "CategoricalQ": _categorical_logits,  # a fitted Categorical q (blrppl.families.categorical) as a prior
     "MultinomialProbs": _multinomial_probs,
     "Wishart": _wishart,
     "GaussianRandomWalk": _gaussian_random_walk,
