@@ -108,6 +108,8 @@ def build_graph(
         if INVALID_PARAMETER not in str(error):
             raise
         raise invalid_parameter_error(model, model_args, model_kwargs, error) from None
+    except (TypeError, IndexError) as error:  # the model's own code fails on its data
+        raise _model_code_error(model, model_args, model_kwargs, error) from error
 
     latents = [
         n
@@ -338,6 +340,29 @@ class _Reached(Messenger):
     def process_message(self, msg: dict) -> None:
         if msg["type"] in ("sample", "deterministic"):
             self.names.append(msg["name"])
+
+
+def _model_code_error(model: Callable, model_args: tuple, model_kwargs: dict, error: Exception) -> ModelError:
+    """A :class:`ModelError` for a model whose code raises ``error`` when run on its data, naming
+    the last site reached before it (a float index array gets its own remedy)."""
+    reached: list = []
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        with _Reached(reached):
+            return model(*args, **kwargs)
+
+    try:
+        run_model(recorded, model_args, model_kwargs, placeholders=True)
+    except Exception:  # noqa: BLE001 - the failure being explained
+        pass
+    problem = f"the model's code raises {type(error).__name__} when run on this data: {error}"
+    if "Indexer must have integer or boolean type" in str(error):
+        remedy = "index arrays must have an integer dtype: pass e.g. `g.astype(np.int32)` (not floats)"
+    else:
+        remedy = "check that the model runs on this data under plain NumPyro (numpyro.handlers.seed(model, 0)(*args))"
+    if not reached:
+        return ModelError(f"model {getattr(model, '__name__', 'model')!r}, before its first site: {problem}; {remedy}.")
+    return site_error(reached[-1], f"after this site, {problem}", remedy)
 
 
 def _first_site_not_reached(

@@ -101,3 +101,10 @@ def test_new_data_out_of_range_on_a_second_call_and_in_a_batch():
         engine.run(jax.random.PRNGKey(0), 5, ONE_BASED, y=Y, progress_bar=False)
     with pytest.raises(blrppl.ModelError, match="data set 1 of the batch.*out of range"):
         engine.run_batched(jax.random.PRNGKey(0), 5, np.stack([GOOD, ONE_BASED]), y=jnp.stack([Y, Y]))
+
+
+def test_float_index_array_and_failing_model_code_are_model_errors():
+    with pytest.raises(blrppl.ModelError, match=r"site 'a': after this site.*integer dtype"):
+        build_graph(intercepts, (GOOD.astype(float),), {"y": Y})
+    with pytest.raises(blrppl.ModelError, match="before its first site.*missing 1 required positional"):
+        build_graph(crossed, (GOOD,), {"y": Y})
