@@ -152,8 +152,9 @@ def block_marginals(q: Any, natural: Any) -> dict:
         else:
             base = dist.MultivariateNormal(m, covariance_matrix=c)
             loc_s, scale_s = m, sd
-            if len(shape) > 1:
-                base = dist.TransformedDistribution(base, dist.transforms.ReshapeTransform(shape, (size,)))
+            if len(shape) > 1:  # a matrix latent: its moments in its own shape
+                base = ReshapedGaussian(base, shape)
+                loc_s, scale_s = jnp.reshape(m, shape), jnp.reshape(sd, shape)
         if is_identity(transform):
             out[node.name] = base
         else:

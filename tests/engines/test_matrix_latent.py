@@ -58,3 +58,25 @@ def test_matrix_latent_in_a_nonconjugate_fit_keeps_its_shape(rng_key):
     np.testing.assert_allclose(result.posterior["W"].mean, mean, atol=1e-6)  # exact: every factor is conjugate
     idata = result.to_arviz(rng_key, num_samples=50)
     assert idata.posterior["W"].shape[-2:] == (6, 2)
+
+
+def test_matrix_latent_in_a_joint_block_has_moments_in_its_shape(rng_key):
+    """blocks="all" holds W in one Gaussian with another latent: W's marginal has .mean and
+    .variance of shape (6, 2) (numpyro's reshaped distribution raised NotImplementedError)."""
+    import numpyro
+    import numpyro.distributions as dist
+
+    entry = ZOO["multivariate_regression"]
+    args, kwargs = entry.data()
+
+    def model(X, y=None):
+        shift = numpyro.sample("shift", dist.Normal(0.0, 1.0))
+        W = numpyro.sample("W", dist.Normal(np.zeros((6, 2)), 2.0).to_event(2))
+        numpyro.sample("y", dist.StudentT(4.0, X @ W + shift, 1.0).to_event(2), obs=y)  # non-conjugate
+
+    result = blrppl.NonConjugateVI(model, blocks="all").run(rng_key, 50, *args, progress_bar=False, **kwargs)
+    q = result.posterior["W"]
+    assert q.mean.shape == (6, 2) and q.variance.shape == (6, 2)
+    draws = np.asarray(result.sample(rng_key, 20000)["W"])
+    np.testing.assert_allclose(q.mean, draws.mean(0), atol=4 * np.sqrt(q.variance).max() / np.sqrt(20000))
+    np.testing.assert_allclose(q.variance, draws.var(0), rtol=0.05)
