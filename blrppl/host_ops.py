@@ -8,7 +8,7 @@ about 45, most of a second. On operands this small numpy computes the same
 values in microseconds.
 
 :func:`evaluate` applies a primitive to concrete operands with numpy where
-the symbolic interpreter's rules cover it (:mod:`blrppl.symbolic.host`:
+the symbolic interpreter's rules cover it (:mod:`blrppl.graph.host`:
 elementwise arithmetic, comparisons, casts, shape operations, reductions,
 ``dot_general``, slices, gathers, Cholesky factors and triangular solves; a
 jitted function, such as ``jnp.add``, by its jaxpr, equation by equation),
@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 from blrppl import compile_mode
-from blrppl.symbolic import host
+from blrppl.graph import host
 
 MAX_OPERAND_BYTES = 1 << 20
 """Operands of at most this many bytes in all are evaluated with numpy (beyond, XLA's
@@ -93,7 +93,7 @@ def _small_on_host(args: tuple) -> bool:
 def _apply(prim: Any, params: dict, values: list, avals: list) -> tuple[list, list]:
     """Numpy values and abstract values of the primitive's outputs (raises where unsupported).
 
-    The rules are the symbolic interpreter's (:func:`blrppl.symbolic.host.evaluate`: exact
+    The rules are the symbolic interpreter's (:func:`blrppl.graph.host.evaluate`: exact
     arithmetic and index operations, and the common transcendental functions, sums, products
     and linear algebra within an ulp or two of XLA)."""
     call = _CALLS.get(prim.name)

@@ -32,7 +32,7 @@ import numpy as np
 
 from blrppl._types import Array
 from blrppl.compile_mode import ONE_SHOT_BYTES, fast_compile, probe, to_host
-from blrppl.symbolic.host import evaluate
+from blrppl.graph.host import evaluate
 from blrppl.graph.jaxpr import (
     BILINEAR,
     LINEAR,

@@ -26,7 +26,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from blrppl.graph.jaxpr import inner_jaxpr, open_jaxpr, walk
-from blrppl.symbolic.host import evaluate
+from blrppl.graph.host import evaluate
 
 MAX_KNOWN_ELEMENTS = 1 << 24
 """Integer arrays up to this many elements are computed in numpy; larger ones are not checked."""

@@ -38,7 +38,6 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
-from numpyro.primitives import Messenger
 
 from blrppl.compile_mode import to_device
 from blrppl.eager_loops import with_loops_compiled_once
@@ -64,7 +63,13 @@ from blrppl.graph.nodes import (
 )
 from blrppl.graph.plates import collect_plates, site_plates, subsample_indices
 from blrppl.graph.replay import effective_mask, effective_scale, run_model, run_model_compiled
-from blrppl.graph.validate import INVALID_PARAMETER, invalid_parameter_error, validate_observations
+from blrppl.graph.validate import (
+    INVALID_PARAMETER,
+    Reached,
+    invalid_parameter_error,
+    model_code_error,
+    validate_observations,
+)
 
 
 @with_loops_compiled_once
@@ -109,7 +114,7 @@ def build_graph(
             raise
         raise invalid_parameter_error(model, model_args, model_kwargs, error) from None
     except (TypeError, IndexError) as error:  # the model's own code fails on its data
-        raise _model_code_error(model, model_args, model_kwargs, error) from error
+        raise model_code_error(model, model_args, model_kwargs, error) from error
 
     latents = [
         n
@@ -330,41 +335,6 @@ def _distribution_leaves(fn: dist.Distribution) -> list:
     return out
 
 
-class _Reached(Messenger):
-    """Records the names of the sample and deterministic sites a model run reaches."""
-
-    def __init__(self, names: list):
-        super().__init__()
-        self.names = names
-
-    def process_message(self, msg: dict) -> None:
-        if msg["type"] in ("sample", "deterministic"):
-            self.names.append(msg["name"])
-
-
-def _model_code_error(model: Callable, model_args: tuple, model_kwargs: dict, error: Exception) -> ModelError:
-    """A :class:`ModelError` for a model whose code raises ``error`` when run on its data, naming
-    the last site reached before it (a float index array gets its own remedy)."""
-    reached: list = []
-
-    def recorded(*args: Any, **kwargs: Any) -> Any:
-        with _Reached(reached):
-            return model(*args, **kwargs)
-
-    try:
-        run_model(recorded, model_args, model_kwargs, placeholders=True)
-    except Exception:  # noqa: BLE001 - the failure being explained
-        pass
-    problem = f"the model's code raises {type(error).__name__} when run on this data: {error}"
-    if "Indexer must have integer or boolean type" in str(error):
-        remedy = "index arrays must have an integer dtype: pass e.g. `g.astype(np.int32)` (not floats)"
-    else:
-        remedy = "check that the model runs on this data under plain NumPyro (numpyro.handlers.seed(model, 0)(*args))"
-    if not reached:
-        return ModelError(f"model {getattr(model, '__name__', 'model')!r}, before its first site: {problem}; {remedy}.")
-    return site_error(reached[-1], f"after this site, {problem}", remedy)
-
-
 def _first_site_not_reached(
     model: Callable, model_args: tuple, model_kwargs: dict, order: list[str], names: list[str], example: list,
     fixed: dict,
@@ -374,7 +344,7 @@ def _first_site_not_reached(
     reached: list = []
 
     def outputs(*flat: Any) -> None:
-        with _Reached(reached):
+        with Reached(reached):
             run_model(model, model_args, model_kwargs, {**fixed, **dict(zip(names, flat))})
 
     try:

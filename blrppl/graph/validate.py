@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
+from numpyro.primitives import Messenger
 
 from blrppl.errors import ModelError, site_error
 from blrppl.graph.families import base_distribution
@@ -445,3 +446,38 @@ def invalid_parameter_error(model: Callable, model_args: tuple, model_kwargs: Ma
                 "correct the data or arguments it is computed from",
             )
     return ModelError(f"site {getattr(model, '__name__', 'model')!r}: {error}; correct the model's data or arguments.")
+
+
+class Reached(Messenger):
+    """Records the names of the sample and deterministic sites a model run reaches."""
+
+    def __init__(self, names: list):
+        super().__init__()
+        self.names = names
+
+    def process_message(self, msg: dict) -> None:
+        if msg["type"] in ("sample", "deterministic"):
+            self.names.append(msg["name"])
+
+
+def model_code_error(model: Callable, model_args: tuple, model_kwargs: dict, error: Exception) -> ModelError:
+    """A :class:`ModelError` for a model whose code raises ``error`` when run on its data, naming
+    the last site reached before it (a float index array gets its own remedy)."""
+    reached: list = []
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        with Reached(reached):
+            return model(*args, **kwargs)
+
+    try:
+        run_model(recorded, model_args, model_kwargs, placeholders=True)
+    except Exception:  # noqa: BLE001 - the failure being explained
+        pass
+    problem = f"the model's code raises {type(error).__name__} when run on this data: {error}"
+    if "Indexer must have integer or boolean type" in str(error):
+        remedy = "index arrays must have an integer dtype: pass e.g. `g.astype(np.int32)` (not floats)"
+    else:
+        remedy = "check that the model runs on this data under plain NumPyro (numpyro.handlers.seed(model, 0)(*args))"
+    if not reached:
+        return ModelError(f"model {getattr(model, '__name__', 'model')!r}, before its first site: {problem}; {remedy}.")
+    return site_error(reached[-1], f"after this site, {problem}", remedy)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from blrppl.symbolic import algebra
-from blrppl.symbolic.host import on_positions
+from blrppl.graph.host import on_positions
 from blrppl.symbolic.terms import (
     Index,
     Labels,

@@ -40,7 +40,7 @@ from blrppl.graph.jaxpr import (
     walk,
 )
 from blrppl.symbolic import algebra, categorical, rules
-from blrppl.symbolic.host import host_bind, on_positions
+from blrppl.graph.host import host_bind, on_positions
 from blrppl.symbolic.scan import interpret_scan
 from blrppl.symbolic.terms import Labels, NonConjugate
 from blrppl.symbolic.values import Poisoned, as_poly, first_var, int_params, is_key, is_symbolic, unsupported

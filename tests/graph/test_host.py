@@ -1,4 +1,4 @@
-"""Constants of the symbolic analysis evaluated in numpy (``blrppl.symbolic.host``).
+"""Constants of the symbolic analysis evaluated in numpy (``blrppl.graph.host``).
 
 numpy's transcendental functions and sums agree with XLA's to 1e-13 (edge
 values exactly; XLA:CPU's own log1p is up to ~70 ulps off near -0.4, where
@@ -14,7 +14,8 @@ import pytest
 from jax.scipy.special import gammaln
 
 from blrppl.symbolic import canonical as C
-from blrppl.symbolic import host, interpret
+from blrppl.graph import host
+from blrppl.symbolic import interpret
 from blrppl.symbolic.analysis import analyse
 from blrppl.symbolic.expectation import VarInfo, expected_value
 from tests.compiles import compilations
