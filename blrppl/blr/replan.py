@@ -12,8 +12,9 @@ today's) a :class:`Replanner`: one compiled function from the model's data
 arrays to the plan's arrays, and whether
 
 - every value-dependent decision of the first planning holds for the new
-  data (a term dropped for a zero coefficient, a ``where`` on data, data
-  used as an index: the tape's guards), and
+  data (a term dropped for a zero coefficient, a ``where`` on data, reads
+  merged because their index arrays were equal; index data in range: the
+  tape's guards; the positions index data read are themselves replayed), and
 - the observations are finite and inside their distributions' supports
   (outside masked positions), as :mod:`blrppl.graph.validate` checks them.
 

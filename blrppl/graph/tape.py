@@ -71,6 +71,7 @@ class Recording:
         self.failed: Optional[str] = None
         self.memo: dict = {}
         self.guards: list[tuple[Node, np.ndarray]] = []
+        self.keyed: list[Dual] = []  # values read as keys (:meth:`key`)
         self.inputs = tuple(Dual(np.asarray(a), self.node(INPUT, (i,))) for i, a in enumerate(self.arrays))
 
     def node(self, fn: Any, args: tuple, kwargs: Optional[dict] = None) -> Node:
@@ -80,6 +81,17 @@ class Recording:
     def guard(self, dual: "Dual") -> np.ndarray:
         self.guards.append((dual.node, dual.value))
         return dual.value
+
+    def key(self, dual: "Dual") -> bytes:
+        """``dual``'s bytes as a key (terms merged where they read the same positions): guarded by
+        which other keyed values of its shape it equals, not by its value, so that index data
+        (``alpha[county]``) can change while the merges the analysis made stay right."""
+        if not any(other is dual for other in self.keyed):
+            for other in self.keyed:
+                if other.node is not dual.node and other.shape == dual.shape and other.dtype == dual.dtype:
+                    self.guard(lift(np.array_equal, jnp.array_equal, (other, dual)))
+            self.keyed.append(dual)
+        return dual.value.tobytes()
 
 
 _active: list[Recording] = []
@@ -265,8 +277,9 @@ class Dual:
     def __jax_array__(self) -> Any:
         return jnp.asarray(self.read())
 
-    def tobytes(self) -> bytes:
-        return self.read().tobytes()
+    def tobytes(self) -> bytes:  # a key: guarded by equality with the other keys (Recording.key)
+        rec = _recording()
+        return rec.key(self) if rec is not None else self.value.tobytes()
 
     def item(self) -> Any:
         return self.read().item()

@@ -571,7 +571,7 @@ def reindex(poly: Poly, positions: np.ndarray, space: Labels) -> Poly:
     (broadcast, reshape, transpose, slice, gather with constant indices,
     concatenate, pad) is expressed this way by running it on an iota.
     """
-    positions = np.asarray(positions)
+    positions = tape.asarray(positions)  # a Dual (index data) stays on the tape
     labels = tuple(space.new(n) for n in positions.shape)
     masked = positions < 0
     # Masked positions read a neighbour (their terms are zeroed below; a
@@ -583,7 +583,7 @@ def reindex(poly: Poly, positions: np.ndarray, space: Labels) -> Poly:
         coords = ()
     subs = {}
     for axis, (old, coord) in enumerate(zip(poly.labels, coords)):
-        idx = simplify_index(Index(labels, np.asarray(coord)), poly.shape[axis])
+        idx = simplify_index(Index(labels, tape.asarray(coord)), poly.shape[axis])
         subs[old] = Substitution(idx.labels, idx.array)
     terms = tuple(substitute_term(t, subs) for t in poly.terms)
     selectors = tuple(substitute_atom(s, subs) for s in poly.selectors)

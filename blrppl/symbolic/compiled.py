@@ -50,8 +50,10 @@ def _index_key(index: Index) -> tuple:
     array = index.array
     if isinstance(array, Slot):
         return (index.labels, ("leaf", array.shape, array.dtype))
-    if tape.is_dual(array) or isinstance(array, jax.core.Tracer):  # compared by identity: no value read
+    if isinstance(array, jax.core.Tracer):  # compared by identity: no value read
         return (index.labels, ("traced", tuple(np.shape(array)), id(array)))
+    if tape.is_dual(array):  # by value, guarded by equality with the other keys (tape.Recording.key)
+        return (index.labels, (array.shape, str(array.dtype), array.tobytes()))
     array = np.asarray(array)
     return (index.labels, (array.shape, str(array.dtype), array.tobytes()))
 
@@ -173,26 +175,30 @@ def stats_needed(terms: Iterable[StatTerm], var: str) -> set[str]:
     return {r.stat for t in terms for r in t.reads if r.var == var}
 
 
+def _few_long_runs(positions: np.ndarray) -> bool:
+    runs = len(index_runs(positions))
+    return runs <= MAX_RUNS and positions.size >= MIN_RUN_LENGTH * runs
+
+
 def with_index_leaves(analysis: Analysis) -> Analysis:
     """``analysis`` with its index arrays as leaves of the compiled fit where they are data: every
     array that is not a fixed position or a few long evenly spaced runs (``MAX_RUNS``,
-    ``MIN_RUN_LENGTH``: a chain's steps, read as static slices), and any computed from the data while a plan is recorded
-    (replayed: :mod:`blrppl.graph.tape`). New group indices ``alpha[g]`` or categorical
-    observations of the same shapes then plan the same structure: no compilation."""
+    ``MIN_RUN_LENGTH``: a chain's steps, read as static slices). New group indices ``alpha[g]``
+    or categorical observations of the same shapes then plan the same structure: no
+    compilation. An index computed from the data while a plan is recorded (a
+    :class:`~blrppl.graph.tape.Dual`) is decided as the host would decide its value: a leaf is
+    replayed from the tape, a static one is guarded (new data must equal it)."""
 
     def leaf(idx: Index) -> Index:
         if idx.direct or idx.leaf:
             return idx
-        if tape.is_dual(idx.array):
-            return Index(idx.labels, idx.array, True)
-        array = np.asarray(idx.array)
-        if array.ndim == 0:
+        array = idx.array.value if tape.is_dual(idx.array) else np.asarray(idx.array)
+        if array.ndim == 0 or (array.ndim == 1 and array.min() >= 0 and _few_long_runs(array)):
+            if tape.is_dual(idx.array):  # static (as the host would plan it): new data must equal it
+                idx.array.read()
             return idx
-        if array.ndim == 1 and array.min() >= 0:
-            runs = len(index_runs(array))
-            if runs <= MAX_RUNS and array.size >= MIN_RUN_LENGTH * runs:
-                return idx
-        return Index(idx.labels, array, True)
+        # A leaf: data of the compiled fit; one computed from the data on the tape is replayed.
+        return Index(idx.labels, idx.array if tape.is_dual(idx.array) else array, True)
 
     terms = tuple(
         dataclasses.replace(t, reads=tuple(StatRead(r.var, r.stat, tuple(leaf(i) for i in r.index)) for r in t.reads))

@@ -193,7 +193,7 @@ class Interpreter:
                 elif i in data:
                     args.append(np.full(shape, -1, np.int32))
                 else:
-                    args.append(np.asarray(v))
+                    args.append(v if tape.is_dual(v) else np.asarray(v))
             positions = _positions(eqn, params, args)
             if np.all(positions < 0):
                 continue
@@ -223,8 +223,34 @@ def _identity(eqn: Any, invals: list) -> Any:
 
 
 def _positions(eqn: Any, params: dict, args: list) -> np.ndarray:
-    """The primitive of ``eqn`` on integer positions (in numpy where it is exact there)."""
-    return on_positions(eqn, int_params(eqn.primitive.name, params), args)
+    """The primitive of ``eqn`` on integer positions (in numpy where it is exact there); with
+    index data from the tape (a :class:`~blrppl.graph.tape.Dual`, ``alpha[county]``), the
+    positions are on the tape too: a new data set's replay computes its own."""
+    bind_params = int_params(eqn.primitive.name, params)
+    if not any(tape.is_dual(a) for a in args):
+        return on_positions(eqn, bind_params, args)
+    if eqn.primitive.name in ("gather", "dynamic_slice"):
+        # JAX clamps an index out of range; a new data set's must be in range where these were
+        # (graph/index_bounds.py refused them when planned on the host): a guard, not a clamp.
+        bool(tape.lift(lambda *xs: _in_bounds(np, eqn, xs), lambda *xs: _in_bounds(jnp, eqn, xs), tuple(args[1:])))
+    return tape.lift(
+        lambda *xs: on_positions(eqn, bind_params, list(xs)),
+        lambda *xs: eqn.primitive.bind(*xs, **bind_params),
+        tuple(args),
+    )
+
+
+def _in_bounds(xp: Any, eqn: Any, indices: tuple) -> Any:
+    """Whether a gather's indices (or a dynamic slice's starts) are inside the operand, in ``xp``."""
+    shape = eqn.invars[0].aval.shape
+    if eqn.primitive.name == "dynamic_slice":
+        sizes = eqn.params["slice_sizes"]
+        checks = [(xp.asarray(s) >= 0) & (xp.asarray(s) <= d - n) for s, d, n in zip(indices, shape, sizes)]
+        return xp.all(xp.stack(checks)) if checks else xp.asarray(True)
+    (index,) = indices
+    dn, sizes = eqn.params["dimension_numbers"], eqn.params["slice_sizes"]
+    high = xp.asarray([shape[axis] - sizes[axis] for axis in dn.start_index_map])
+    return xp.all((index >= 0) & (index <= high))
 
 
 class _NeedsXLA(Exception):

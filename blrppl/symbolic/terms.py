@@ -28,10 +28,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import operator
 from fractions import Fraction
 from typing import Optional, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from blrppl.graph import tape
@@ -230,7 +232,8 @@ def _gather_axis(
         coords = np.arange(grid[position]) if size > 1 else np.zeros(grid[position], int)
         index.append(coords.reshape([-1 if d == position else 1 for d in range(len(grid))]))
     moved = np.moveaxis(array, [axis] + shared, list(range(1 + len(shared))))
-    taken = moved[tuple(index)]  # shape sub.array.shape + rest
+    # shape sub.array.shape + rest; index data (a Dual) on the tape, replayed as a jax gather
+    taken = tape.lift(operator.getitem, lambda a, i: jnp.asarray(a)[i], (moved, tuple(index)))
     rest = [lab for i, lab in enumerate(labels) if i != axis and i not in shared]
     return taken, list(sub.labels) + rest
 
@@ -297,7 +300,7 @@ def simplify_index(index: Index, size: Optional[int] = None) -> Index:
         and np.array_equal(array, np.arange(size))
     ):
         return Index((labels[0],), None)
-    return Index(tuple(labels), np.asarray(array))
+    return Index(tuple(labels), tape.asarray(array))
 
 
 def substitute_atom(atom: VarAtom, subs: dict[Label, Substitution]) -> VarAtom:
@@ -334,10 +337,15 @@ def unravel(flat: np.ndarray, shape: Sequence[int]) -> tuple[np.ndarray, ...]:
     one lookup in a table of ``shape``'s coordinates; else positions that fit in int32 are
     divided in int32 (3-5x faster than numpy's int64 division), others in int64.
     """
-    flat = np.asarray(flat)
     shape = tuple(int(size) for size in shape)
     if not shape:
         return ()
+    if tape.is_dual(flat):  # index data: the coordinates on the tape (one node per axis)
+        return tuple(
+            tape.lift(lambda f, axis=axis: unravel(f, shape)[axis], lambda f, axis=axis: _unravel_jnp(f, shape)[axis], (flat,))
+            for axis in range(len(shape))
+        )
+    flat = np.asarray(flat)
     total = math.prod(shape)
     low, high = (int(flat.min()), int(flat.max())) if flat.size else (0, -1)
     if total <= UNRAVEL_TABLE_SIZE and flat.dtype.kind in "iu" and 0 <= low and high < total:
@@ -350,6 +358,18 @@ def unravel(flat: np.ndarray, shape: Sequence[int]) -> tuple[np.ndarray, ...]:
         quotient = rest // rest.dtype.type(size)
         coords.append((rest - quotient * rest.dtype.type(size)).astype(np.int64, copy=False))
         rest = quotient
+    return tuple(reversed(coords))
+
+
+def _unravel_jnp(flat: jax.Array, shape: tuple) -> tuple:
+    """:func:`unravel` in ``jax.numpy`` (floor division and remainder, int64 where enabled)."""
+    import jax.numpy as jnp  # noqa: PLC0415 - the replay's twin only
+
+    rest = jnp.asarray(flat)
+    coords = []
+    for size in reversed(shape):
+        coords.append(rest % size)
+        rest = rest // size
     return tuple(reversed(coords))
 
 
