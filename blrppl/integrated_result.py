@@ -27,7 +27,7 @@ import numpyro.distributions as dist
 from blrppl.blr.integrate import IntegratedFit
 from blrppl.blr.integrate.mixture import mix_covariance, mix_moments, site_log_density
 from blrppl.graph.jaxpr import map_batch
-from blrppl.results import BLRResult
+from blrppl.results import BLRResult, Convergence
 
 
 class IntegratedState(NamedTuple):
@@ -292,6 +292,23 @@ class IntegratedResult:
     def trustworthy(self) -> bool:
         """True when no diagnostic objects to the grid."""
         return self.fit.diagnostics.ok
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """Doubts about the fit, one message each, as ``BLRResult.flags``: the grid's problems."""
+        return tuple(self.fit.diagnostics.problems)
+
+    @property
+    def converged(self) -> Convergence:
+        """Whether the mode search over h converged (its Newton decrement below tolerance), as
+        ``BLRResult.converged``: ``bool()`` of it, and the reason in words."""
+        mode = self.fit.mode
+        reason = (
+            "converged: the mode search over h reached its Newton decrement tolerance"
+            if mode.converged
+            else f"the mode search over h did not converge in {mode.num_steps} Newton steps; run more steps"
+        )
+        return Convergence(bool(mode.converged), reason, int(mode.num_steps))
 
     @property
     def num_nodes(self) -> int:

@@ -70,16 +70,33 @@ class Integrated:
         self._conditionals: dict = {}
 
     @full_precision
-    def run(self, rng_key: jax.Array, num_steps: int, *model_args: Any, progress_bar: bool = True, **model_kwargs: Any) -> IntegratedResult:
+    def run(
+        self,
+        rng_key: jax.Array,
+        num_steps: int,
+        *model_args: Any,
+        progress_bar: bool = True,
+        tol: Optional[float] = None,
+        init_state: Any = None,
+        num_restarts: Optional[int] = None,
+        **model_kwargs: Any,
+    ) -> IntegratedResult:
         """Fit the model; ``num_steps`` bounds the mode search (Newton steps).
 
         The fit is deterministic: ``rng_key`` is accepted for the common
         engine signature and not used; ``progress_bar`` is accepted and
-        ignored (a fit takes a handful of compiled calls). A fit whose grid is
-        not to be trusted warns (``IntegrationWarning``) and says why in
-        ``result.diagnostics.problems``.
+        ignored (a fit takes a handful of compiled calls), and so is ``tol``
+        (the mode search stops at its own Newton decrement; whether it did is
+        ``result.converged``). ``init_state`` and ``num_restarts`` have no
+        meaning here (nothing is resumed or restarted): a value other than
+        None is a ``ValueError``. A fit whose grid is not to be trusted warns
+        (``IntegrationWarning``) and says why in ``result.flags`` (=
+        ``result.diagnostics.problems``).
         """
-        del rng_key, progress_bar
+        del rng_key, progress_bar, tol
+        for name, value in (("init_state", init_state), ("num_restarts", num_restarts)):
+            if value is not None:
+                raise ValueError(f"Integrated.run takes no {name}: its fit is deterministic, one quadrature grid.")
         if int(num_steps) != num_steps or num_steps < 1:
             raise ValueError(f"num_steps must be a positive integer, got {num_steps}.")
         fit = integrate(self.model, model_args, model_kwargs, self.config, int(num_steps), self._conditionals)

@@ -103,6 +103,18 @@ def test_eight_schools_chooses_tau_and_reports_the_search(schools):
         elbo = np.asarray(result.elbo)
         assert elbo.shape == (result.fit.mode.num_steps,) and np.all(np.diff(elbo) >= -1e-9)
         assert "exact" in result.method
+        assert result.flags == () and result.converged and "converged" in result.converged.reason
+
+
+def test_the_common_run_signature_is_accepted(schools):
+    """``tol`` as for every engine (was passed on to the model as a keyword it does not take);
+    ``init_state`` and ``num_restarts`` have no meaning here and say so."""
+    engine, _ = schools["centred"]
+    args, kwargs = centred.data()
+    result = engine.run(jax.random.key(0), 50, *args, progress_bar=False, tol=1e-8, **kwargs)
+    assert result.converged and result.flags == ()
+    with pytest.raises(ValueError, match="takes no num_restarts"):
+        engine.run(jax.random.key(0), 50, *args, num_restarts=2, **kwargs)
 
 
 def test_hyper_named_by_the_user_is_the_automatic_choice():
