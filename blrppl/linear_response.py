@@ -93,9 +93,10 @@ def _blocks(plan: Any) -> Optional[list]:
     discrete or chain q, minibatches, missing data integrated out, data the model needs as values,
     too many scalars (or passes over too much data), or no factor on two covered variables (a
     factor that couples the elements of one plated variable alone, a random walk written with a
-    plate, is not checked; nor is an exact factor on one Gaussian variable and others, such as a
-    Normal likelihood of a mean and a Gamma precision, whose posterior correlation vanishes at the
-    mean). Gaussian q are read on their own space; Gamma, Beta and Dirichlet q on
+    plate, is not checked; nor is an exact factor on one scalar Gaussian variable and others, such
+    as a Normal likelihood of a mean and a Gamma precision, whose posterior correlation vanishes at
+    the mean; a Gaussian with several elements there, a joint block of plated random effects beside
+    their Gamma precision, is checked: the correlation vanishes in the sum, not element by element). Gaussian q are read on their own space; Gamma, Beta and Dirichlet q on
     their support's unconstrained one (where mean-field drops the correlation of a Gamma-Poisson's
     shape and rate, say); others (Wishart) are held at their mean."""
     if plan.subsample is not None or plan.imputed or plan.orphans or plan.data_static:
@@ -119,9 +120,14 @@ def _blocks(plan: Any) -> Optional[list]:
         return None
     covered = {e.name for e in entries}
     gaussian = {e.name for e in entries if e.bijection is None}
+    sizes = {e.name: e.size for e in entries}
     coupled = any(
         len(covered.intersection(est.neighbours)) >= 2
-        and (est.method.estimated or len(gaussian.intersection(est.neighbours)) >= 2)
+        and (
+            est.method.estimated
+            or len(gaussian.intersection(est.neighbours)) >= 2
+            or any(sizes[v] > 1 for v in gaussian.intersection(est.neighbours))
+        )
         for est in plan.estimators
     )
     return entries if coupled else None
