@@ -71,7 +71,8 @@ class Recording:
         self.failed: Optional[str] = None
         self.memo: dict = {}
         self.guards: list[tuple[Node, np.ndarray]] = []
-        self.keyed: list[Dual] = []  # values read as keys (:meth:`key`)
+        self.keyed: dict = {}  # (shape, dtype, bytes) -> the first value read as that key (:meth:`key`)
+        self.equal: dict = {}  # id -> a value guarded equal to its key's first
         self.inputs = tuple(Dual(np.asarray(a), self.node(INPUT, (i,))) for i, a in enumerate(self.arrays))
 
     def node(self, fn: Any, args: tuple, kwargs: Optional[dict] = None) -> Node:
@@ -83,15 +84,17 @@ class Recording:
         return dual.value
 
     def key(self, dual: "Dual") -> bytes:
-        """``dual``'s bytes as a key (terms merged where they read the same positions): guarded by
-        which other keyed values of its shape it equals, not by its value, so that index data
-        (``alpha[county]``) can change while the merges the analysis made stay right."""
-        if not any(other is dual for other in self.keyed):
-            for other in self.keyed:
-                if other.node is not dual.node and other.shape == dual.shape and other.dtype == dual.dtype:
-                    self.guard(lift(np.array_equal, jnp.array_equal, (other, dual)))
-            self.keyed.append(dual)
-        return dual.value.tobytes()
+        """``dual``'s bytes as a key (terms merged where they read the same positions), guarded by
+        its equality with the first keyed value of the same bytes, not by its value, so that index
+        data (``alpha[county]``) can change while the merges the analysis made stay right. Values
+        that differ here are not guarded apart: equal on new data, their terms stay two terms of
+        the same sum (a plan the host would merge; the same answer)."""
+        raw = dual.value.tobytes()
+        first = self.keyed.setdefault((dual.shape, str(dual.dtype), raw), dual)
+        if first is not dual and first.node is not dual.node and id(dual) not in self.equal:
+            self.equal[id(dual)] = dual  # held: its id is not reused while the recording lives
+            self.guard(lift(np.array_equal, jnp.array_equal, (first, dual)))
+        return raw
 
 
 _active: list[Recording] = []

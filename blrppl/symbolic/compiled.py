@@ -58,10 +58,11 @@ def _index_key(index: Index) -> tuple:
     return (index.labels, (array.shape, str(array.dtype), array.tobytes()))
 
 
-def index_runs(positions: np.ndarray) -> list[tuple[int, int, int]]:
-    """``positions`` split greedily into evenly spaced runs ``(start, stop, step)`` (step >= 1)."""
+def index_runs(positions: np.ndarray, limit: Optional[int] = None) -> list[tuple[int, int, int]]:
+    """``positions`` split greedily into evenly spaced runs ``(start, stop, step)`` (step >= 1);
+    with ``limit``, the first ``limit + 1`` runs at most (enough to say there are more)."""
     runs, i = [], 0
-    while i < positions.size:
+    while i < positions.size and (limit is None or len(runs) <= limit):
         start = int(positions[i])
         step = int(positions[i + 1] - start) if i + 1 < positions.size else 1
         if step < 1:
@@ -176,7 +177,7 @@ def stats_needed(terms: Iterable[StatTerm], var: str) -> set[str]:
 
 
 def _few_long_runs(positions: np.ndarray) -> bool:
-    runs = len(index_runs(positions))
+    runs = len(index_runs(positions, MAX_RUNS))
     return runs <= MAX_RUNS and positions.size >= MIN_RUN_LENGTH * runs
 
 

@@ -285,22 +285,30 @@ def simplify_index(index: Index, size: Optional[int] = None) -> Index:
     """
     if index.direct:
         return index
-    array, labels = index.array, list(index.labels)
-    keep = []
-    for axis in range(array.ndim):
-        first = np.take(array, [0], axis=axis)
-        if array.shape[axis] > 1 and not np.all(array == first):
-            keep.append(axis)
-    array = array[tuple(slice(None) if a in keep else 0 for a in range(array.ndim))]
-    labels = [labels[a] for a in keep]
-    if (
-        size is not None
-        and len(labels) == 1
-        and array.shape[0] == size
-        and np.array_equal(array, np.arange(size))
-    ):
+    keep, array, arange = _simplified(index.array, size)
+    labels = [index.labels[a] for a in keep]
+    if arange:
         return Index((labels[0],), None)
     return Index(tuple(labels), tape.asarray(array))
+
+
+def _simplified(array: np.ndarray, size: Optional[int]) -> tuple:
+    """``(axes the array varies along, the array along them only, whether that is arange(size))``:
+    decided once per recorded value (index data on the tape are simplified many times)."""
+
+    def decide() -> tuple:
+        keep = tuple(
+            axis
+            for axis in range(array.ndim)
+            if array.shape[axis] > 1 and not np.all(array == np.take(array, [0], axis=axis))
+        )
+        reduced = array[tuple(slice(None) if a in keep else 0 for a in range(array.ndim))]
+        arange = (
+            size is not None and len(keep) == 1 and reduced.shape[0] == size and bool(np.array_equal(reduced, np.arange(size)))
+        )
+        return keep, reduced, arange
+
+    return tape.memo(array, ("simplified", size), decide) if tape.is_dual(array) else decide()
 
 
 def substitute_atom(atom: VarAtom, subs: dict[Label, Substitution]) -> VarAtom:
