@@ -110,6 +110,7 @@ class Interpreter:
                 return [same]
             params = prim.get_bind_params(eqn.params)
             if any(tape.is_dual(v) for v in invals):  # data: computed and recorded (see blrppl.graph.tape)
+                _guard_in_bounds(eqn, invals)  # x_group[g]: a replay must not clamp a new g
                 host = lambda *xs: tuple(host_bind(eqn, params, xs) or _bind(prim, params, xs))  # noqa: E731
                 return list(tape.lift(host, _replay_bind(prim, params), invals))
             return host_bind(eqn, params, invals) or _host_call(eqn, invals) or _bind(prim, params, invals)
@@ -229,15 +230,25 @@ def _positions(eqn: Any, params: dict, args: list) -> np.ndarray:
     bind_params = int_params(eqn.primitive.name, params)
     if not any(tape.is_dual(a) for a in args):
         return on_positions(eqn, bind_params, args)
-    if eqn.primitive.name in ("gather", "dynamic_slice"):
-        # JAX clamps an index out of range; a new data set's must be in range where these were
-        # (graph/index_bounds.py refused them when planned on the host): a guard, not a clamp.
-        bool(tape.lift(lambda *xs: _in_bounds(np, eqn, xs), lambda *xs: _in_bounds(jnp, eqn, xs), tuple(args[1:])))
+    _guard_in_bounds(eqn, args)
     return tape.lift(
         lambda *xs: on_positions(eqn, bind_params, list(xs)),
         lambda *xs: eqn.primitive.bind(*xs, **bind_params),
         tuple(args),
     )
+
+
+def _guard_in_bounds(eqn: Any, args: list) -> None:
+    """Where a gather or dynamic slice reads at indices from the data (Duals), a guard that they are
+    in range: JAX clamps an index out of range (a gather's ``PROMISE_IN_BOUNDS``, any dynamic
+    slice), and on the host such data are a ModelError (graph/index_bounds.py), so a replay on new
+    data must not clamp them silently. (``CLIP`` and ``FILL_OR_DROP`` replay what they did.)"""
+    name = eqn.primitive.name
+    if name not in ("gather", "dynamic_slice") or not any(tape.is_dual(a) for a in args[1:]):
+        return
+    if name == "gather" and not str(eqn.params.get("mode")).endswith("PROMISE_IN_BOUNDS"):
+        return
+    bool(tape.lift(lambda *xs: _in_bounds(np, eqn, xs), lambda *xs: _in_bounds(jnp, eqn, xs), tuple(args[1:])))
 
 
 def _in_bounds(xp: Any, eqn: Any, indices: tuple) -> Any:

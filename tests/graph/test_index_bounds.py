@@ -108,3 +108,23 @@ def test_float_index_array_and_failing_model_code_are_model_errors():
         build_graph(intercepts, (GOOD.astype(float),), {"y": Y})
     with pytest.raises(blrppl.ModelError, match="before its first site.*missing 1 required positional"):
         build_graph(crossed, (GOOD,), {"y": Y})
+
+
+def group_predictor(g, x_group, y=None):
+    """A gather of data by data (a group-level predictor read at each row's group)."""
+    beta = numpyro.sample("beta", dist.Normal(jnp.zeros(2), 2.0).to_event(1))
+    numpyro.sample("y", dist.Normal(beta[0] + beta[1] * x_group[g], 0.5), obs=y)
+
+
+def test_a_data_gather_by_new_out_of_range_indices_is_not_replayed():
+    """``x_group[g]`` (data by data) is replayed from the tape: a new g out of range must not be
+    clamped there (the compiled planner replanned it and the fit used x_group[G - 1])."""
+    x_group = jnp.asarray([0.5, -1.0, 2.0])
+    engine = blrppl.ConjugateBayes(group_predictor)
+    engine.run(jax.random.key(0), 5, GOOD, x_group, y=Y, progress_bar=False)
+    with pytest.raises(blrppl.ModelError, match="out of range"):
+        engine.run(jax.random.key(0), 5, ONE_BASED, x_group, y=Y, progress_bar=False)
+    with pytest.raises(blrppl.ModelError, match="data set 1 of the batch.*out of (range|bounds)"):
+        engine.run_batched(
+            jax.random.key(0), 5, np.stack([GOOD, ONE_BASED]), x_group, y=jnp.stack([Y, Y]), shared=("x_group",)
+        )
