@@ -425,3 +425,31 @@ def test_bootstrap_resamples_of_group_indices_are_replanned_without_tracing(rng_
         for name, q in fresh.posterior.items():
             np.testing.assert_allclose(second.posterior[name].mean, q.mean, rtol=1e-9, atol=1e-12)
             np.testing.assert_allclose(second.posterior[name].variance, q.variance, rtol=1e-9, atol=1e-12)
+
+
+def matrix_rows(g, x, y=None):
+    a = numpyro.sample("a", dist.Normal(jnp.zeros((5, 2)), 1.0).to_event(2))
+    with numpyro.plate("n", g.shape[0]):
+        numpyro.sample("y", dist.Normal(a[g, 0] + a[g, 1] * x, 0.5), obs=y)
+
+
+@pytest.mark.parametrize("model", ["one_group_first", "matrix_columns"])
+def test_a_batch_whose_first_index_is_static_equals_single_fits(rng_key, model):
+    """An index the first plan reads as a constant (every row in one group; a matrix latent's
+    fixed column) is static: its value, not a tape value, is in the compiled fit (a batch whose
+    first member had one raised ``TypeError: Dual.reshape()`` inside the fit)."""
+    rng = np.random.default_rng(11)
+    g = rng.integers(0, 5, 40)
+    gs = np.stack([np.zeros(40, int), g]) if model == "one_group_first" else np.stack([g, rng.integers(0, 5, 40)])
+    ys = rng.normal(size=(2, 40)) + 0.3 * gs
+    if model == "one_group_first":
+        fn, extra = random_intercepts, (5,)
+        batch = blrppl.ConjugateBayes(fn).run_batched(rng_key, 20, gs, 5, y=ys)
+    else:
+        fn, x = matrix_rows, rng.normal(size=40)
+        extra = (jnp.asarray(x),)
+        batch = blrppl.ConjugateBayes(fn).run_batched(rng_key, 20, gs, np.stack([x, x]), y=ys)
+    assert not batch.failed.any()
+    for i in range(2):
+        single = blrppl.ConjugateBayes(fn).run(rng_key, 20, jnp.asarray(gs[i]), *extra, y=jnp.asarray(ys[i]), progress_bar=False)
+        np.testing.assert_allclose(batch[i].posterior["a"].mean, single.posterior["a"].mean, rtol=1e-9, atol=1e-12)

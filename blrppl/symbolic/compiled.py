@@ -196,7 +196,7 @@ def with_index_leaves(analysis: Analysis) -> Analysis:
         array = idx.array.value if tape.is_dual(idx.array) else np.asarray(idx.array)
         if array.ndim == 0 or (array.ndim == 1 and array.min() >= 0 and _few_long_runs(array)):
             if tape.is_dual(idx.array):  # static (as the host would plan it): new data must equal it
-                idx.array.read()
+                return Index(idx.labels, idx.array.read())  # its value, guarded (a constant of the fit)
             return idx
         # A leaf: data of the compiled fit; one computed from the data on the tape is replayed.
         return Index(idx.labels, idx.array if tape.is_dual(idx.array) else array, True)
