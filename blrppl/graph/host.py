@@ -11,8 +11,9 @@ once the inputs carry the equation's dtypes. With ``approximate=True``
 functions and sums run in numpy too: within an ulp or two of the true value
 (a sum to its rounding order), they agree with XLA's to 1e-13 (XLA:CPU's own
 log1p is up to ~70 ulps off near -0.4), far inside every tolerance a plan is
-held to, and a plan made again from the same data gives the same bits. What is
-left (integer division, the rarer special functions, keys) goes to XLA.
+held to, and a plan made again from the same data gives the same bits. Integer
+division and remainder truncate toward zero, as XLA's do. What is left (a zero
+integer divisor, the rarer special functions, keys) goes to XLA.
 """
 
 from __future__ import annotations
@@ -32,11 +33,29 @@ _FLOAT_EXACT: dict[str, Callable] = {
     "sqrt": np.sqrt,
     "square": np.square,
 }
+def _truncated_division(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """XLA's integer ``div``: the quotient rounded toward zero (numpy's ``//`` floors); a zero
+    divisor, whose result XLA defines its own way, is left to XLA (ValueError: no rule)."""
+    if np.any(b == 0):
+        raise ValueError("integer division by zero")
+    quotient = np.abs(a) // np.abs(b)
+    return np.where((a < 0) != (b < 0), -quotient, quotient)
+
+
+def _truncated_remainder(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """XLA's integer ``rem``: the sign of the dividend (C's ``%``, numpy's ``fmod``)."""
+    if np.any(b == 0):
+        raise ValueError("integer remainder by zero")
+    return np.fmod(a, b)
+
+
 _INTEGER_EXACT: dict[str, Callable] = {  # wrapping on overflow, as XLA does
     "add": np.add,
     "add_any": np.add,
     "sub": np.subtract,
     "mul": np.multiply,
+    "div": _truncated_division,
+    "rem": _truncated_remainder,
 }
 _APPROXIMATE: dict[str, Callable] = {  # floating inputs (see the module docstring)
     **{name: (lambda f: lambda *xs, **_: f(*xs))(f) for name, f in {

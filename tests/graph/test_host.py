@@ -52,7 +52,13 @@ def test_sums_and_integer_arithmetic():
     big = np.array([2**62, -(2**62)], np.int64)
     wrapped = host.evaluate("add", {}, [big, big], np.int64, (2,))
     np.testing.assert_array_equal(wrapped, np.asarray(jax.lax.add(big, big)))  # wraps as XLA does
-    assert host.evaluate("div", {}, [np.array([7, -7]), np.array([2, 2])], np.int64, (2,)) is None  # rounds apart
+    # Integer division and remainder truncate toward zero, as XLA's (numpy's // floors); a zero
+    # divisor is left to XLA.
+    a, b = np.array([7, -7, 7, -7, 0]), np.array([2, 2, -2, -2, 3])
+    for name, reference in (("div", jax.lax.div), ("rem", jax.lax.rem)):
+        got = host.evaluate(name, {}, [a, b], np.int64, (5,))
+        np.testing.assert_array_equal(got, np.asarray(reference(jnp.asarray(a), jnp.asarray(b))))
+    assert host.evaluate("div", {}, [a, np.array([2, 0, 1, 1, 1])], np.int64, (5,)) is None
 
 
 def test_an_analysis_with_transcendental_constants_compiles_no_program_for_them():

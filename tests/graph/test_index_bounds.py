@@ -52,6 +52,12 @@ def clipped(g, y=None):
     numpyro.sample("y", dist.Normal(jnp.take(a, g, mode="clip"), 1.0), obs=y)
 
 
+def through_a_reshape(g, y=None):
+    """An index computed by integer division: row g // 2, column g % 2 of the reshaped latent."""
+    a = numpyro.sample("a", dist.Normal(0, 1).expand([6]).to_event(1))
+    numpyro.sample("y", dist.Normal(a.reshape(3, 2)[g // 2, g % 2], 1.0), obs=y)
+
+
 def indexed_in_scan(g, y=None):
     a = numpyro.sample("a", dist.Normal(0, 1).expand([3]).to_event(1))
 
@@ -71,6 +77,7 @@ def indexed_in_scan(g, y=None):
         (in_a_jitted_helper, (ONE_BASED,), "mu"),
         (scalar_index, (jnp.asarray(3),), "y"),
         (indexed_in_scan, (ONE_BASED,), "y"),
+        (through_a_reshape, (np.array([0, 1, 2, 5, 6]),), "y"),  # 6 // 2 = 3 on an axis of 3
     ],
 )
 def test_out_of_range_index_names_the_site(model, args, site):
@@ -85,6 +92,7 @@ def test_out_of_range_index_names_the_site(model, args, site):
         (crossed, (np.array([0, 1, 2, 2, 0]), np.array([0, 1, 1, 0, 1]))),
         (in_a_jitted_helper, (GOOD,)),
         (clipped, (ONE_BASED,)),  # clamping asked for
+        (through_a_reshape, (np.array([0, 1, 2, 5, 4]),)),
     ],
 )
 def test_indices_in_range_fit(model, args):
