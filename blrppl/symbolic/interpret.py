@@ -194,7 +194,8 @@ class Interpreter:
                 elif i in data:
                     args.append(np.full(shape, -1, np.int32))
                 else:
-                    args.append(v if tape.is_dual(v) else np.asarray(v))
+                    # Index data of a gather stay on the tape (replayed); other data are read.
+                    args.append(v if tape.is_dual(v) and prim.name in _INDEXING else np.asarray(v))
             positions = _positions(eqn, params, args)
             if np.all(positions < 0):
                 continue
@@ -238,13 +239,17 @@ def _positions(eqn: Any, params: dict, args: list) -> np.ndarray:
     )
 
 
+_INDEXING = ("gather", "dynamic_slice")
+"""Structural primitives whose index operands may stay on the tape (their positions replayed)."""
+
+
 def _guard_in_bounds(eqn: Any, args: list) -> None:
     """Where a gather or dynamic slice reads at indices from the data (Duals), a guard that they are
     in range: JAX clamps an index out of range (a gather's ``PROMISE_IN_BOUNDS``, any dynamic
     slice), and on the host such data are a ModelError (graph/index_bounds.py), so a replay on new
     data must not clamp them silently. (``CLIP`` and ``FILL_OR_DROP`` replay what they did.)"""
     name = eqn.primitive.name
-    if name not in ("gather", "dynamic_slice") or not any(tape.is_dual(a) for a in args[1:]):
+    if name not in _INDEXING or not any(tape.is_dual(a) for a in args[1:]):
         return
     if name == "gather" and not str(eqn.params.get("mode")).endswith("PROMISE_IN_BOUNDS"):
         return
