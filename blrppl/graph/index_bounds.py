@@ -113,8 +113,9 @@ def _check_gather(eqn: Any, indices: np.ndarray, found: dict) -> None:
         if bad.any():
             value = int(column[np.argmax(bad)])
             what = "reads NaN there (jnp.take fills)" if mode.endswith("FILL_OR_DROP") else "clamps it silently"
+            wrapped = " (a negative index after numpy's wrap, i + size)" if value < 0 else ""
             found[id(eqn)] = OutOfRange(
-                f"index {value} on an axis of size {int(shape[axis])} ({int(bad.sum())} of {column.size} "
+                f"index {value}{wrapped} on an axis of size {int(shape[axis])} ({int(bad.sum())} of {column.size} "
                 f"indices out of range, valid 0..{int(shape[axis]) - 1}); JAX {what}"
             )
             return
