@@ -124,14 +124,15 @@ class CategoricalQ(dist.CategoricalLogits):
 
     @property
     def mean(self):
-        return _value_moments(self.probs)[0]
+        return value_moments(self.probs)[0]
 
     @property
     def variance(self):
-        return _value_moments(self.probs)[1]
+        return value_moments(self.probs)[1]
 
 
-def _value_moments(probs: Array) -> tuple[Array, Array]:
+def value_moments(probs: Array) -> tuple[Array, Array]:
+    """Mean and variance of an integer value over 0..K-1 with probabilities ``probs`` (last axis)."""
     values = jnp.arange(probs.shape[-1], dtype=probs.dtype)
     mean = probs @ values
     return mean, probs @ values**2 - mean**2

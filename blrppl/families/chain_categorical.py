@@ -42,6 +42,7 @@ from jax.scipy.special import logsumexp
 from numpyro.distributions import constraints
 
 from blrppl._types import Array, ArrayLike, PRNGKey
+from blrppl.families.categorical import value_moments
 from blrppl.families import common
 from blrppl.families.base import ExpFamily
 from blrppl.families.layout import Layout, elementwise_layout
@@ -504,10 +505,7 @@ _compiled_mean_params = jax.jit(mean_params)
 @jax.jit
 def _value_moments(natural: ChainCategoricalStats) -> tuple[Array, Array]:
     """Mean and variance of the integer value z_t per step."""
-    marg = mean_params(natural).one_hot
-    values = jnp.arange(marg.shape[-1], dtype=marg.dtype)
-    mean = marg @ values
-    return mean, marg @ values**2 - mean**2
+    return value_moments(mean_params(natural).one_hot)
 
 
 def to_numpyro(natural: ChainCategoricalStats) -> ChainCategoricalDistribution:
