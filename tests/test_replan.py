@@ -347,8 +347,9 @@ def test_categorical_observations_are_data_of_one_compiled_fit(rng_key):
 
 
 def test_a_batch_planned_on_the_host_runs_the_batched_fit_compiled_before(rng_key):
-    """New group indices in every data set are planned on the host: their stacked arrays are typed
-    as the compiled planner's batch (strongly), so the batched start and loop compile once."""
+    """New group indices in every data set: the batched start and loop compile once. (Written when
+    such data were planned on the host, whose stacked arrays must be typed as the compiled
+    planner's batch; since the index data are on the tape they are replanned in one call.)"""
     from tests.compiles import compilations, compiled_names
 
     rng = np.random.default_rng(5)
