@@ -454,3 +454,29 @@ def test_a_batch_whose_first_index_is_static_equals_single_fits(rng_key, model):
     for i in range(2):
         single = blrppl.ConjugateBayes(fn).run(rng_key, 20, jnp.asarray(gs[i]), *extra, y=jnp.asarray(ys[i]), progress_bar=False)
         np.testing.assert_allclose(batch[i].posterior["a"].mean, single.posterior["a"].mean, rtol=1e-9, atol=1e-12)
+
+
+def loop_with_group_indices(g, y=None):
+    """A Python-loop chain whose every step reads a latent at that step's group indices."""
+    num_series, num_steps = g.shape
+    a = numpyro.sample("a", dist.Normal(0.0, 1.0).expand([4]).to_event(1))
+    x = numpyro.sample("x_0", dist.Normal(0.0, 1.0).expand([num_series]).to_event(1))
+    for t in range(num_steps):
+        x = numpyro.sample(f"x_{t + 1}", dist.Normal(0.9 * x, 0.3).to_event(1))
+        numpyro.sample(f"y_{t}", dist.Normal(x + a[g[:, t]], 0.5).to_event(1), obs=y[:, t])
+
+
+def test_a_loop_chain_with_new_group_indices_per_step_is_replanned(rng_key):
+    """The loop's steps are stacked into one term over the steps; their index arrays are stacked on
+    the tape, not read (which guarded them whole: new indices were planned on the host, T = 40
+    series steps 0.77 s per refit against 0.17 s)."""
+    rng = np.random.default_rng(12)
+    gs = [jnp.asarray(rng.integers(0, 4, (8, 6))) for _ in range(2)]
+    y = jnp.asarray(rng.normal(size=(8, 6)))
+    engine = blrppl.VMP(loop_with_group_indices)
+    engine.run(rng_key, 100, gs[0], y=y, progress_bar=False, tol=1e-10)
+    assert engine.replanner(gs[1], y=y).plan_for(split_model_data((gs[1],), {"y": y})) is not None
+    second = engine.run(rng_key, 100, gs[1], y=y, progress_bar=False, tol=1e-10)
+    fresh = blrppl.VMP(loop_with_group_indices).run(rng_key, 100, gs[1], y=y, progress_bar=False, tol=1e-10)
+    np.testing.assert_allclose(second.posterior["a"].mean, fresh.posterior["a"].mean, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(second.posterior["a"].variance, fresh.posterior["a"].variance, rtol=1e-9)

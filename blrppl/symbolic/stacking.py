@@ -49,9 +49,8 @@ def _signature(term: StatTerm, obs: Any) -> Optional[tuple]:
             labels = tuple(canon[lab] for lab in idx.labels)
             if idx.direct:
                 index.append(("direct", labels))
-            else:
-                array = np.asarray(idx.array)
-                index.append(("array", labels, array.shape, str(array.dtype)))
+            else:  # shape and dtype only: index data on the tape are not read (blrppl.graph.tape)
+                index.append(("array", labels, tuple(np.shape(idx.array)), str(idx.array.dtype)))
         reads.append((read.var, read.stat, tuple(index)))
     return (term.obs_label is None, operand, tuple(reads))
 
@@ -75,7 +74,7 @@ def _stack(group: list[StatTerm], space: Labels) -> StatTerm:
             if idx.direct:
                 index.append(idx)
                 continue
-            arrays = [np.asarray(term.reads[r].index[i].array) for term in group]
+            arrays = [term.reads[r].index[i].array for term in group]  # index data stay on the tape
             index.append(Index((new,) + tuple(idx.labels), np.stack(arrays)))
         reads.append(StatRead(read.var, read.stat, tuple(index)))
     return StatTerm(1.0, operand, tuple(reads), first.obs_label)
