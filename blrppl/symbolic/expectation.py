@@ -201,7 +201,7 @@ def _slice_ranges(array: jax.Array, index: list) -> tuple[jax.Array, list]:
         positions = np.where(arr < 0, arr + size, arr).astype(np.int64)
         if positions.size == 0 or positions.min() < 0 or positions.max() >= size:
             continue  # out of range: left to the gather's own semantics
-        runs = index_runs(positions)
+        runs = index_runs(positions, MAX_RUNS)
         if len(runs) > MAX_RUNS:
             continue
         pieces = [jax.lax.slice_in_dim(array, start, stop, step, axis=axis) for start, stop, step in runs]
