@@ -262,7 +262,7 @@ class _Check:
         self._learnt = False  # a pattern was learnt (or is no use): only a miss learns again
         self._relearned = 0
         self._ahead = None
-        natural = _natural_shapes(plan)
+        natural = natural_shapes(plan)
         if natural is not None:  # else traced at the first check, from its values
             args = (natural, dict(plan.arrays.params), model_data(plan), Reading.full(self._dim, self._dtype, True))
             self._ahead = CompiledInBackground(lambda: self._program.lower(*args))  # when idle (ahead.idle_time)
@@ -325,7 +325,7 @@ def spread_left_out(plan: Any, natural: dict, params: dict) -> Optional[SpreadLe
     return None if pending is None else pending.read()
 
 
-def _natural_shapes(plan: Any) -> Optional[dict]:
+def natural_shapes(plan: Any) -> Optional[dict]:
     """The shapes and dtypes of the fit's λ, from each family's example member or from the
     variable's prior in q's family (abstractly: nothing runs), or None where neither gives them."""
     shapes = {}

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from blrppl import linear_response
+from blrppl import importance_spread, linear_response
 from blrppl.blr import driver
 from blrppl.blr.ahead import idle_time
 from blrppl.blr.build import build_blr, judged_by_mode
@@ -113,16 +113,20 @@ class Engine:
 
     def _flags(
         self, plan: Plan, state: Any, elbo: jax.Array, stopped: bool, noisy: bool = False, natural: Any = None,
-        spread: Any = None,
+        spread: Any = None, weighted: Any = None,
     ) -> tuple[str, ...]:
         """Doubts about a finished fit (see :mod:`blrppl.blr.checks`); ``noisy``: Monte Carlo site
         parameters, whose ELBO trace may fall and rise with the draws; ``natural``: the state's
-        λ already on the host, if at hand; ``spread``: the linear-response check of the state,
-        if dispatched already (:meth:`fit` starts it before its own checks of the run)."""
+        λ already on the host, if at hand; ``spread``, ``weighted``: the linear-response and
+        importance-weighted checks of the state (:mod:`blrppl.linear_response`,
+        :mod:`blrppl.importance_spread`), if dispatched already (:meth:`fit` starts them before
+        its own checks of the run)."""
         if not len(elbo):
             return ()
         if spread is None:  # runs while the host checks
             spread = linear_response.dispatch(plan, state.natural, state.params)
+        if weighted is None:
+            weighted = importance_spread.dispatch(plan, state.natural, state.params)
         if plan.init_params:
             boundary = boundary_estimates(plan, self.build(plan, fixed_params=True), state, float(np.asarray(elbo)[-1]))
             if boundary:
@@ -133,7 +137,9 @@ class Engine:
         fell = fell_from_best(plan.qs, natural, elbo) if ascent else ()
         return off_target(state) + drifted_average(plan.qs, state) + (
             fell or (steady_climb(elbo, stopped) + vanishing_sites(plan.qs, natural))
-        ) + linear_response.understated_spread_flag(None if spread is None else spread.read())
+        ) + linear_response.understated_spread_flag(None if spread is None else spread.read()) + (
+            importance_spread.understated_spread_flag(None if weighted is None else weighted.read())
+        )
 
     def batch_member_flags(
         self, plan: Plan, state: Any, elbo: np.ndarray, stopped: bool, noisy: bool, natural: Any = None
@@ -220,7 +226,8 @@ class Engine:
             return self._fit(plan, rng_key, num_steps, progress_bar, init_state, tol, int(num_restarts))
 
     def _fit(self, plan, rng_key, num_steps, progress_bar, init_state, tol, num_restarts) -> BLRResult:
-        linear_response.prepare(plan)  # its check's program compiles beside the fit's, when idle
+        linear_response.prepare(plan)  # the checks' programs compile beside the fit's, when idle
+        importance_spread.prepare(plan)
         if num_restarts > 1:
             return self._run_restarts(plan, rng_key, num_steps, num_restarts, init_state, tol, progress_bar)
         algorithm = self.build(plan)
@@ -249,9 +256,10 @@ class Engine:
             )
         # The linear-response check runs on the device while the host checks the run.
         spread = linear_response.dispatch(plan, state.natural, state.params) if len(elbo) else None
+        weighted = importance_spread.dispatch(plan, state.natural, state.params) if len(elbo) else None
         check_finite(plan, state, elbo, algorithm)
         convergence = Convergence.of(stopped, tol, len(elbo), algorithm.noisy, algorithm.exact, elbo.dtype)
-        flags = self._flags(plan, state, elbo, bool(stopped), algorithm.noisy, spread=spread)
+        flags = self._flags(plan, state, elbo, bool(stopped), algorithm.noisy, spread=spread, weighted=weighted)
         return BLRResult(plan=plan, state=state, elbo=elbo, mode=self.mode, convergence=convergence, flags=flags)
 
     def _run_restarts(self, plan, rng_key, num_steps, num_restarts, init_state, tol, progress_bar) -> BLRResult:

@@ -8,6 +8,8 @@ import numpyro.distributions as dist
 import pytest
 
 import blrppl
+from blrppl import importance_spread
+from blrppl.importance_spread import understated
 from models import ZOO
 
 
@@ -156,7 +158,10 @@ def test_laplace_of_noncentred_eight_schools_is_at_the_mode_with_its_curvature(r
     entry = ZOO["eight_schools_noncentered"]
     args, kwargs = entry.data()
     result = blrppl.Laplace(entry.model).run(rng_key, 50, *args, progress_bar=False, tol=1e-12, **kwargs)
-    assert result.converged and result.flags == ()
+    # At the mode, but not the posterior: theta_raw's sds are 0.4-0.6 of NUTS's (tau's 17x), which
+    # the importance-weighted check reads (1.5x) and flags; no other doubt.
+    assert result.converged and understated(result)
+    assert [flag for flag in result.flags if not flag.startswith(importance_spread.FLAG)] == []
     q = result.posterior
     loc = {"mu": q["mu"].loc, "tau": q["tau"].base_dist.loc, "theta_raw": q["theta_raw"].loc}
     flat, unravel = ravel_pytree(loc)
