@@ -42,7 +42,7 @@ from blrppl.compile_mode import jit_for, to_host
 from blrppl.diagnostics import importance_ratios
 from blrppl.draws import compiled_for, family_draws, model_data
 from blrppl.flops import jaxpr_flops
-from blrppl.linear_response import natural_shapes
+from blrppl.linear_response import listed_ratios, natural_shapes
 
 CHUNK = 1000
 """Draws per run of the check's program."""
@@ -264,14 +264,11 @@ def understated_spread_flag(found: Optional[Weighted]) -> tuple[str, ...]:
             f"concentrate on {found.ess:.0f} of them (effective sample size), so q misses most of the "
             "posterior's mass; their spread, and possibly their location, are not to be trusted: " + remedy,
         )
-    worst = {s: r for s, r in found.ratio.items() if r >= UNDERSTATED_SD}
-    if not worst:
+    shown = listed_ratios(found.ratio, UNDERSTATED_SD)
+    if shown is None:
         return ()
-    ordered = sorted(worst, key=worst.get, reverse=True)
-    shown = ", ".join(f"{s!r} ({worst[s]:.1f}x)" for s in ordered[:4])
-    more = f" and {len(ordered) - 4} more" if len(ordered) > 4 else ""
     return (
-        f"{FLAG}{shown}{more}: importance weights of {found.num_samples} draws from q against the "
+        f"{FLAG}{shown}: importance weights of {found.num_samples} draws from q against the "
         f"model (effective sample size {found.ess:.0f}) put their standard deviation at least that "
         "many times higher (a lower bound: the draws rarely reach the mass q misses). The posterior "
         "is not Gaussian on q's unconstrained space there (a funnel of a hierarchy's scale and its "

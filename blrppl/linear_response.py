@@ -433,14 +433,11 @@ def understated_spread_flag(found: Optional[SpreadLeftOut]) -> tuple[str, ...]:
             "location and scale) can be several times too small: compare with "
             "NonConjugateVI(model, blocks='all') or MCMC",
         )
-    worst = {v: r for v, r in found.ratio.items() if r >= UNDERSTATED_SD}
-    if not worst:
+    shown = listed_ratios(found.ratio, UNDERSTATED_SD)
+    if shown is None:
         return ()
-    ordered = sorted(worst, key=worst.get, reverse=True)
-    shown = ", ".join(f"{v!r} ({worst[v]:.1f}x)" for v in ordered[:4])
-    more = f" and {len(ordered) - 4} more" if len(ordered) > 4 else ""
     return (
-        f"{FLAG}{shown}{more}: linear response at q's mean "
+        f"{FLAG}{shown}: linear response at q's mean "
         "puts their standard deviation about that many times higher once the correlation between q "
         "blocks that mean-field leaves out is kept (a Gaussian reading of the curvature: for scales "
         "of random effects it can overstate the factor; the means are usually fine); fit the coupled "
@@ -448,6 +445,17 @@ def understated_spread_flag(found: Optional[SpreadLeftOut]) -> tuple[str, ...]:
         "(python -m blrppl fit refits so by itself; blrppl.choosing.jointly gives that engine and "
         "plan)",
     )
+
+
+def listed_ratios(ratios: dict, threshold: float) -> Optional[str]:
+    """``"'a' (3.1x), 'b' (1.6x)"``: the names whose ratio is ``threshold`` or more, largest first
+    (four, then how many more), or None where none is."""
+    worst = {v: r for v, r in ratios.items() if r >= threshold}
+    if not worst:
+        return None
+    ordered = sorted(worst, key=worst.get, reverse=True)
+    more = f" and {len(ordered) - 4} more" if len(ordered) > 4 else ""
+    return ", ".join(f"{v!r} ({worst[v]:.1f}x)" for v in ordered[:4]) + more
 
 
 def understated(result: Any) -> bool:
