@@ -20,6 +20,7 @@ same shapes are fitted by the same compiled program.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Iterable, Optional
 
 import jax
@@ -96,7 +97,11 @@ class StatRead:
     index: tuple[Index, ...]
 
     def _key(self) -> tuple:
-        return (self.var, self.stat, tuple(_index_key(idx) for idx in self.index))
+        key = self.__dict__.get("_cached_key")  # frozen, so computed once (index arrays read as bytes)
+        if key is None or any(isinstance(idx.array, jax.core.Tracer) for idx in self.index):
+            key = (self.var, self.stat, tuple(_index_key(idx) for idx in self.index))
+            object.__setattr__(self, "_cached_key", key)
+        return key
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, StatRead) and self._key() == other._key()
@@ -147,30 +152,61 @@ class Analysis:
 
 def _flatten_term(term: StatTerm) -> tuple:
     """Leaves: the coefficient, the operand and the reads' leaf index arrays; structure: the reads
-    with a :class:`Slot` for each leaf array, and the observation label."""
-    arrays, reads = [], []
+    with a :class:`Slot` for each leaf array, and the observation label.
+
+    A term is frozen, so its structure is made once and kept on it, and a term rebuilt from a
+    structure (:func:`_unflatten_term`: a replanned fit's arrays, a compiled call's outputs)
+    keeps that same object while its index arrays keep the slots' shapes and dtypes. ``jit``
+    flattens its arguments and compares their structures with its cache's at every call: a
+    small model's refit built and compared some thirty terms' reads per call."""
+    known = term.__dict__.get("_structure")
+    if known is not None:
+        structure, slots = known
+        arrays = tuple(idx.array for read in term.reads for idx in read.index if _is_leaf(idx))
+        if len(arrays) == len(slots) and all(_fits(array, slot) for array, slot in zip(arrays, slots)):
+            return (term.coeff, term.operand, arrays), structure
+    arrays, reads, slots = [], [], []
     for read in term.reads:
         index = []
         for idx in read.index:
-            if idx.leaf and not idx.direct and not isinstance(idx.array, Slot):
+            if _is_leaf(idx):
                 arrays.append(idx.array)
-                # The canonical dtype: a host plan's int64 indices are int32 on the device without x64.
-                dtype = str(jax.dtypes.canonicalize_dtype(idx.array.dtype))
-                idx = Index(idx.labels, Slot(tuple(np.shape(idx.array)), dtype), leaf=True)
+                slots.append(Slot(tuple(np.shape(idx.array)), _canonical(idx.array.dtype)))
+                idx = Index(idx.labels, slots[-1], leaf=True)
             index.append(idx)
         reads.append(StatRead(read.var, read.stat, tuple(index)))
-    return (term.coeff, term.operand, tuple(arrays)), (tuple(reads), term.obs_label)
+    structure = (tuple(reads), term.obs_label)
+    object.__setattr__(term, "_structure", (structure, tuple(slots)))
+    return (term.coeff, term.operand, tuple(arrays)), structure
+
+
+def _is_leaf(idx: Index) -> bool:
+    return idx.leaf and not idx.direct and not isinstance(idx.array, Slot)
+
+
+@functools.lru_cache(maxsize=64)
+def _canonical(dtype: Any) -> str:
+    # The canonical dtype: a host plan's int64 indices are int32 on the device without x64.
+    return str(jax.dtypes.canonicalize_dtype(dtype))
+
+
+def _fits(array: Any, slot: Slot) -> bool:
+    dtype = getattr(array, "dtype", None)
+    return dtype is not None and tuple(np.shape(array)) == slot.shape and _canonical(dtype) == slot.dtype
 
 
 def _unflatten_term(structure: tuple, leaves: tuple) -> StatTerm:
     reads, obs_label = structure
     coeff, operand, arrays = leaves
     arrays = iter(arrays)
+    slots = tuple(i.array for r in reads for i in r.index if isinstance(i.array, Slot))
     reads = tuple(
         StatRead(r.var, r.stat, tuple(Index(i.labels, next(arrays), True) if isinstance(i.array, Slot) else i for i in r.index))
         for r in reads
     )
-    return StatTerm(coeff, operand, reads, obs_label)
+    term = StatTerm(coeff, operand, reads, obs_label)
+    object.__setattr__(term, "_structure", (structure, slots))
+    return term
 
 
 jax.tree_util.register_pytree_node(StatTerm, _flatten_term, _unflatten_term)

@@ -14,7 +14,7 @@ import pytest
 
 from blrppl.symbolic import canonical as C
 from blrppl.symbolic.analysis import analyse
-from blrppl.symbolic.compiled import Analysis, StatTerm
+from blrppl.symbolic.compiled import Analysis, StatTerm, with_index_leaves
 from blrppl.symbolic.expectation import VarInfo, expected_value
 from blrppl.symbolic.statistics import statistic_name
 from blrppl.symbolic.terms import Operand
@@ -107,6 +107,37 @@ def test_two_data_sets_of_one_shape_share_one_trace(case):
     np.testing.assert_allclose(values[0], expected_value(first, _MEAN), rtol=1e-12)
     np.testing.assert_allclose(values[1], expected_value(second, _MEAN), rtol=1e-12)
     assert not np.isclose(values[0], values[1])
+
+
+def _grouped(groups):
+    """``y ~ Normal(alpha[groups], 1)``: the group indices are leaves (data of the compiled fit)."""
+    y = np.linspace(-1.0, 1.0, len(groups))
+    return with_index_leaves(
+        analyse(lambda v: jnp.sum(C._normal(y, v["alpha"][groups], 1.0)), {"alpha": jnp.zeros(3)},
+                {"alpha": VarInfo("gaussian", (3,), 1)})
+    )
+
+
+def test_a_rebuilt_analysis_keeps_its_structure_object_while_its_indices_keep_their_shapes():
+    # jit flattens its arguments and compares their structure with its cache's at every call:
+    # a term rebuilt from a structure (a replanned fit's arrays) hands back that same object.
+    analysis = _grouped(np.array([0, 2, 1, 1, 0, 2, 2, 1]))
+    leaves, tree = jax.tree.flatten(analysis)
+    assert sum(np.shape(leaf) == (8,) and np.asarray(leaf).dtype.kind == "i" for leaf in leaves) == 2
+    rebuilt = jax.tree.unflatten(tree, leaves)
+    assert jax.tree.structure(rebuilt) == tree
+    structure = jax.tree.structure(rebuilt.terms[1]).node_data()[1]
+    assert jax.tree.structure(rebuilt.terms[1]).node_data()[1] is structure
+    assert jax.tree.structure(analysis.terms[1]).node_data()[1] == structure
+    # Index arrays of other shapes or dtypes (a batch of data sets, int32 indices) are another
+    # structure: the structure holds their shapes and dtypes.
+    batch = jax.tree.map(lambda a: np.stack([a, a]), rebuilt)
+    assert "shape=(2, 8)" in str(jax.tree.structure(batch)) and jax.tree.structure(batch) != tree
+    narrow = jax.tree.map(lambda a: a.astype(np.int32) if np.asarray(a).dtype.kind == "i" else a, rebuilt)
+    assert "int32" in str(jax.tree.structure(narrow)) and jax.tree.structure(narrow) != tree
+    again = jax.tree.unflatten(jax.tree.structure(batch), jax.tree.leaves(batch))
+    assert jax.tree.structure(again) == jax.tree.structure(batch)
+    assert jax.tree.structure(_grouped(np.array([1, 1, 0, 2, 0, 0, 2, 1]))) == tree
 
 
 def test_statistic_names_come_from_one_table():
