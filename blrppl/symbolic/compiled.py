@@ -171,7 +171,7 @@ def _flatten_term(term: StatTerm) -> tuple:
         for idx in read.index:
             if _is_leaf(idx):
                 arrays.append(idx.array)
-                slots.append(Slot(tuple(np.shape(idx.array)), _canonical(idx.array.dtype)))
+                slots.append(Slot(tuple(np.shape(idx.array)), _canonical(idx.array.dtype, jax.config.jax_enable_x64)))
                 idx = Index(idx.labels, slots[-1], leaf=True)
             index.append(idx)
         reads.append(StatRead(read.var, read.stat, tuple(index)))
@@ -185,14 +185,15 @@ def _is_leaf(idx: Index) -> bool:
 
 
 @functools.lru_cache(maxsize=64)
-def _canonical(dtype: Any) -> str:
-    # The canonical dtype: a host plan's int64 indices are int32 on the device without x64.
+def _canonical(dtype: Any, x64: bool) -> str:
+    # The canonical dtype: a host plan's int64 indices are int32 on the device without x64
+    # (``x64``: the setting it was read under, part of the cache's key).
     return str(jax.dtypes.canonicalize_dtype(dtype))
 
 
 def _fits(array: Any, slot: Slot) -> bool:
     dtype = getattr(array, "dtype", None)
-    return dtype is not None and tuple(np.shape(array)) == slot.shape and _canonical(dtype) == slot.dtype
+    return dtype is not None and tuple(np.shape(array)) == slot.shape and _canonical(dtype, jax.config.jax_enable_x64) == slot.dtype
 
 
 def _unflatten_term(structure: tuple, leaves: tuple) -> StatTerm:

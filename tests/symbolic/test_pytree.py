@@ -138,6 +138,13 @@ def test_a_rebuilt_analysis_keeps_its_structure_object_while_its_indices_keep_th
     again = jax.tree.unflatten(jax.tree.structure(batch), jax.tree.leaves(batch))
     assert jax.tree.structure(again) == jax.tree.structure(batch)
     assert jax.tree.structure(_grouped(np.array([1, 1, 0, 2, 0, 0, 2, 1]))) == tree
+    # The structure holds the dtype the device will hold: int64 indices are int32 without x64.
+    fresh = _grouped(np.array([0, 2, 1, 1, 0, 2, 2, 1]))
+    with jax.enable_x64(True):
+        wide = jax.tree.structure(fresh)
+    with jax.enable_x64(False):
+        narrow = jax.tree.structure(fresh)
+    assert "int64" in str(wide) and "int32" not in str(wide) and "int32" in str(narrow) and "int64" not in str(narrow)
 
 
 def test_statistic_names_come_from_one_table():
