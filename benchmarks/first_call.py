@@ -42,6 +42,7 @@ from benchmarks._timing import table  # noqa: E402
 from blrppl.blr import driver  # noqa: E402
 from blrppl.blr.starts import start_tests  # noqa: E402
 from blrppl.blr.restarts import default_restarts  # noqa: E402
+from blrppl.blr.serial_restarts import run_serial_restarts  # noqa: E402
 from models import ZOO  # noqa: E402
 
 ENGINES = {
@@ -87,10 +88,11 @@ def steady_state(engine, plan, key):
     restarts = default_restarts(plan)
     if restarts == 1:
         return driver.run(algorithm, key, STEPS, plan.arrays, progress_bar=False, tol=1e-8)
-    states, _ = driver.init_with_restarts(
-        algorithm, engine.build(plan, random_starts=True), key, restarts, plan.arrays, start_tests(plan.qs)
+    random_algorithm = engine.build(plan, random_starts=True) if algorithm.finish is None else None
+    return run_serial_restarts(
+        algorithm, random_algorithm, key, restarts, STEPS, plan.arrays, start_tests(plan.qs), tol=1e-8,
+        progress_bar=False,
     )
-    return driver.run_restarts(algorithm, STEPS, plan.arrays, states, tol=1e-8, progress_bar=False)
 
 
 def first_calls(names):

@@ -74,22 +74,32 @@ def test_a_first_call_compiles_each_program_once(rng_key):
     assert bool(result.convergence)
 
 
-def test_restarts_compile_their_loop_beside_their_starts(rng_key):
+def test_restarts_run_the_single_fits_loop_compiled_beside_one_start_program(rng_key):
+    """Restarts of one data set, one after another (blrppl.blr.serial_restarts): one start
+    program for every restart and the single fit's loop, compiled side by side with the
+    stacking and the best restart's take; no vmapped program; a refit compiles nothing, and a
+    single fit of the same plan shares the loop."""
     y = jnp.concatenate([_y(20, 1) - 3.0, _y(20, 2) + 3.0])
-    engine = blrppl.VMP(_mixture)
-    plan = engine.plan(y)
-    algorithm = engine.build(plan)
-    with compilations() as starts:
-        states, valid = driver.init_with_restarts(
-            algorithm, engine.build(plan, random_starts=True), rng_key, 3, plan.arrays, start_tests(plan.qs),
-            loop=(50, 1e-8),
-        )
-    assert sorted(compiled_names(starts)).count("jit(_run_chunks)") == 1
-    with compilations() as loop:
-        states, *_ = driver.run_restarts(algorithm, 50, plan.arrays, states, tol=1e-8, progress_bar=False)
-        best = driver.take(states, 1)  # the best restart's rows: compiled beside the loop too
-    assert compiled_names(loop) == []
-    np.testing.assert_array_equal(best.natural["mu"].x, states.natural["mu"].x[1])
+
+    def mixture(y):  # a fresh function: fresh programs
+        _mixture(y)
+
+    engine = blrppl.VMP(mixture)
+    with compilations() as first:
+        result = engine.run(rng_key, 50, y, progress_bar=False, tol=1e-8, num_restarts=3)
+    names = compiled_names(first)
+    for name in ("jit(_start)", "jit(_chunk)", "jit(_stack_rows)", "jit(_take_rows)"):
+        assert names.count(name) == 1, names
+    assert not any("restarts" in n or "chunks" in n for n in names), names
+    assert result.num_restarts == 3 and result.restarts.elbo.shape[0] == 3
+    moved = y + 0.1
+    with compilations() as again:
+        engine.run(jax.random.key(7), 50, moved, progress_bar=False, tol=1e-8, num_restarts=3)
+    assert compiled_names(again) == []
+    with compilations() as single:
+        alone = engine.run(rng_key, 50, y, progress_bar=False, tol=1e-8, num_restarts=1)
+    assert "jit(_chunk)" not in compiled_names(single)
+    np.testing.assert_allclose(np.asarray(result.restarts.elbo[0, : len(alone.elbo)]), np.asarray(alone.elbo), rtol=1e-12)
 
 
 def test_committed_data_are_compiled_once_without_ahead_compiling(rng_key):

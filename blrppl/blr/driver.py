@@ -339,58 +339,23 @@ def init_restarts(
     return started if started is not None else _init_many(*init_args)
 
 
-def init_with_restarts(
-    algorithm: InferenceAlgorithm, random_algorithm: InferenceAlgorithm, rng_key: jax.Array, num_restarts: int,
-    arrays: Any, tests: tuple, loop: Optional[tuple[int, Optional[float]]] = None, after: Optional[Any] = None,
-) -> tuple[BLRState, np.ndarray]:
-    """The starts of ``num_restarts`` restarts, stacked, in one compiled call.
-
-    Restart 0 is ``algorithm.init(rng_key)`` (the plain run's start), restart
-    c > 0 is ``random_algorithm.init(fold_in(rng_key, c))`` (see
-    :mod:`blrppl.blr.restarts`). The second result says, on the host, whether
-    restart 0's start passes each of ``tests`` (as :func:`checked_init`).
-    ``loop``: ``(num_steps, tol)`` of the :func:`run_restarts` that follows,
-    whose loop then compiles beside the starts (:mod:`blrppl.blr.ahead`); ``after``: as
-    :func:`checked_run`'s, for the best restart's final state (one row of the loop's).
-    """
-    init_args = (algorithm, random_algorithm, tests, num_restarts, rng_key, arrays)
-    started = None
-    if loop is not None:
-        threshold, buffer, previous, hits = _restart_loop_inputs(num_restarts, *loop)
-
-        def chunk_args(init_outputs):
-            states, _ = init_outputs
-            zero = np.asarray(0, np.int32)
-            return algorithm, arrays, states, buffer, zero, zero, previous, hits, threshold, False
-
-        def then(args):  # the best row's take, and ``after`` on a row of the loop's output types
-            rows = _run_chunks.variant(*args).trace(*args).out_info[1]  # (jit's cached trace)
-            row = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype, weak_type=a.weak_type), rows)
-            return [_best_row(args)] + ([] if after is None else [after(row, args[1])])
-
-        with planned_steps(loop[0]):
-            started = compile_side_by_side(_init_with_restarts, init_args, _run_chunks, chunk_args, then)
-    states, valid = started if started is not None else _init_with_restarts(*init_args)
-    return states, np.asarray(block_until_ready(valid))
-
-
-@size_dependent_jit(data_argnum=5, static_argnums=(0, 1, 2, 3), one_shot=True)
-def _init_with_restarts(algorithm, random_algorithm, tests, num_restarts, rng_key, arrays):
+def _restart_starts(algorithm, random_algorithm, num_restarts, rng_key, arrays):
+    """The starts of ``num_restarts`` restarts of one data set, stacked, batched over restarts
+    (traced inside :func:`_init_batched_restarts`): restart 0 is ``algorithm.init(rng_key)``
+    (the plain run's start), restart c > 0 ``random_algorithm.init(fold_in(rng_key, c))`` (see
+    :mod:`blrppl.blr.restarts`); as :mod:`blrppl.blr.serial_restarts` makes them one by one."""
     keys = folded_keys(rng_key, range(1, num_restarts))
-    stack = functools.partial(jax.tree.map, lambda a, b: jnp.concatenate([a[None], b]))
     if algorithm.finish is None:
         first = algorithm.init(rng_key, arrays)
         others = _over_restarts(random_algorithm, random_algorithm.init, (0, None), keys, arrays)
-        states = stack(first, others)
-        return states, _valid(tests, first.natural)
+        return jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, others)
     # The starts differ (restart 0: the plain start; the others: random) by a flag, the rest
-    # of init not at all: start and finish are each traced and compiled once, batched over
-    # every restart (the plain start's own copy would double the program: k-means, priors).
+    # of init not at all: start and finish are each traced once, batched over every restart
+    # (the plain start's own copy would double the program: k-means, priors).
     all_keys = jnp.concatenate([rng_key[None], keys])
     moved = np.arange(num_restarts) > 0
     natural, params = _over_restarts(algorithm, lambda k, r, a: algorithm.start(k, a, r), (0, 0, None), all_keys, moved, arrays)
-    states = _over_restarts(algorithm, algorithm.finish, (0, 0, 0, None), all_keys, natural, params, arrays)
-    return states, _valid(tests, jax.tree.map(lambda a: a[0], states.natural))
+    return _over_restarts(algorithm, algorithm.finish, (0, 0, 0, None), all_keys, natural, params, arrays)
 
 
 def last_elbos(algorithm: InferenceAlgorithm, arrays: Any, states: BLRState, num_steps: int, tol: float) -> jax.Array:
@@ -433,11 +398,6 @@ def _take_rows(tree: Any, index: jax.Array, axis: int) -> Any:
 _take = SizeDependentJit(_take_rows, data_argnum=0, static_argnums=2, one_shot=True)
 
 
-def _best_row(chunk_args: tuple) -> Any:
-    """:func:`take` of one restart's state, lowered for the restarts' loop arguments (``chunk_args``)."""
-    return _take.lower(chunk_args[2], np.zeros((), np.int32), 0)
-
-
 def _over_restarts(algorithm: InferenceAlgorithm, fn, in_axes, *xs):
     """``vmap`` of ``fn`` over the restart axis (``in_axes``: 0 or None per
     argument), or ``lax.map`` when the algorithm's factors call LAPACK
@@ -462,7 +422,8 @@ def init_batched_restarts(
     algorithm: InferenceAlgorithm, random_algorithm: InferenceAlgorithm, rng_keys: jax.Array, num_restarts: int,
     arrays: Any, loop: Optional[tuple[int, Optional[float]]] = None,
 ) -> BLRState:
-    """:func:`init_with_restarts` for every data set of a batch, in one compiled call.
+    """The starts of ``num_restarts`` restarts (:func:`_restart_starts`) of every data set of a
+    batch, in one compiled call.
 
     Data set b (key ``rng_keys[b]``, every leaf of ``arrays`` with the leading
     axis B) gets the C starts that ``run`` with ``num_restarts=C`` makes for it
@@ -488,7 +449,7 @@ def init_batched_restarts(
 @size_dependent_jit(data_argnum=4, static_argnums=(0, 1, 2), one_shot=True)
 def _init_batched_restarts(algorithm, random_algorithm, num_restarts, rng_keys, arrays):
     def starts(key, data):
-        return _init_with_restarts.__wrapped__(algorithm, random_algorithm, (), num_restarts, key, data)[0]
+        return _restart_starts(algorithm, random_algorithm, num_restarts, key, data)
 
     states = _over_restarts(algorithm, starts, (0, 0), rng_keys, arrays)
     return jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), states)

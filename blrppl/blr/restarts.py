@@ -1,4 +1,4 @@
-"""``num_restarts=C``: C fits from random starts in one vmapped run.
+"""``num_restarts=C``: C fits from random starts, the best kept.
 
 Restart 0 starts where a plain ``run`` starts (the prior pushed through the
 graph, k-means responsibilities for categorical latents, the user's
@@ -8,9 +8,10 @@ re-centred at a random point drawn around its starting q (its spread kept, the
 family's ``start_at``; the point is a draw from q, or for Gamma-based q's a
 log-normal draw with q's mean and variance, ``restart_draw``), categorical latents get their own random responsibilities,
 point estimates (EM) move by a standard normal step on their unconstrained
-space, and sites the user fixed with ``init=`` keep that start. The C runs are
-one ``jax.vmap`` of the compiled driver loop
-(:func:`blrppl.blr.driver.run_restarts`).
+space, and sites the user fixed with ``init=`` keep that start. The C runs of
+one data set run one after another with a single fit's programs
+(:mod:`blrppl.blr.serial_restarts`); those of a batch of data sets are one
+``jax.vmap`` of the compiled driver loop (:func:`blrppl.blr.driver.run_restarts`).
 
 The best restart is the one with the highest final ELBO among those whose q
 and ELBO are finite (:func:`best_restart`).
@@ -111,7 +112,7 @@ def best_restart(states: Any, elbo: jax.Array, num_run: list[int]) -> tuple[int,
 
 
 DEFAULT_RESTARTS = 4
-"""Restarts by default for models with discrete latents (mixtures, HMMs): one vmapped run."""
+"""Restarts by default for models with discrete latents (mixtures, HMMs)."""
 
 
 def default_restarts(plan: Any) -> int:

@@ -100,7 +100,7 @@ class InferenceAlgorithm(NamedTuple):
     two (``init`` is ``finish`` of ``start``; ``random=True`` gives a random
     restart's start), where a random restart's ``init`` is the same
     ``finish`` of its own start (else None): the restarts' starts are then
-    one batched ``finish`` (see :func:`blrppl.blr.driver.init_with_restarts`).
+    one ``finish`` (see :mod:`blrppl.blr.serial_restarts`).
     ``exact``: one step from any state is the fixed point (conjugate Bayes,
     :func:`blrppl.blr.build.exact_after_one_step`), so a run with ``tol``
     stops after the first step it took instead of confirming it twice.

@@ -29,6 +29,7 @@ from blrppl.blr.newton import PLAIN_STEPS_FIRST
 from blrppl.blr.plan import Plan, make_plan
 from blrppl.blr.replan import Replanner, record_plan
 from blrppl.blr.restarts import best_restart, default_restarts, disagreement
+from blrppl.blr.serial_restarts import run_serial_restarts
 from blrppl.blr.starts import raise_invalid_start, start_tests
 from blrppl.blr.state import InferenceAlgorithm
 from blrppl.compile_mode import full_precision, to_device
@@ -184,7 +185,8 @@ class Engine:
             size, ``|ELBO_t - ELBO_(t-1)| <= tol * |ELBO_t|``, and no more than that is left
             to gain by Aitken's extrapolation of shrinking steps, twice in a row (Monte
             Carlo site parameters: once the averaged q moves by at most KL ``tol``).
-          num_restarts: fit from this many starts in one vmapped run; the
+          num_restarts: fit from this many starts, one after another
+            (:mod:`blrppl.blr.serial_restarts`); the
             result is the restart with the highest ELBO, keeps them all in
             ``result.restarts`` (see :mod:`blrppl.blr.restarts`) and says in
             ``result.flags`` when they ended in different optima. None (the
@@ -264,13 +266,7 @@ class Engine:
 
     def _run_restarts(self, plan, rng_key, num_steps, num_restarts, init_state, tol, progress_bar) -> BLRResult:
         algorithm = self.build(plan)
-        if init_state is None:  # restart_keys(rng_key, C) inside one compiled call with the starts
-            init_state, valid = driver.init_with_restarts(
-                algorithm, self.build(plan, random_starts=True), rng_key, num_restarts, plan.arrays,
-                start_tests(plan.qs), loop=(num_steps, tol), after=self._boundary_check(plan),
-            )
-            raise_invalid_start(plan.qs, valid)
-        else:
+        if init_state is not None:
             steps = jnp.shape(init_state.step)
             if steps != (num_restarts,):
                 raise ValueError(
@@ -278,8 +274,12 @@ class Engine:
                     f"num_restarts={num_restarts}; got a state whose step has shape {steps}. Resume a "
                     "single fit with num_restarts=1."
                 )
-        states, elbo, num_run, stopped = driver.run_restarts(
-            algorithm, num_steps, plan.arrays, init_state, tol=tol, progress_bar=progress_bar
+        # One restart after another, each with the single fit's programs (blrppl.blr.serial_restarts).
+        random_algorithm = self.build(plan, random_starts=True) if algorithm.finish is None else None
+        states, elbo, num_run, stopped = run_serial_restarts(
+            algorithm, random_algorithm, rng_key, num_restarts, num_steps, plan.arrays, start_tests(plan.qs),
+            tol=tol, progress_bar=progress_bar, after=self._boundary_check(plan), init_states=init_state,
+            check_start=lambda valid: raise_invalid_start(plan.qs, valid),
         )
         result = self.best_of_restarts(plan, states, np.asarray(elbo), np.asarray(num_run), np.asarray(stopped), tol)
         if result is None:  # every restart diverged: say why, for the first
