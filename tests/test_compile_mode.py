@@ -137,6 +137,33 @@ def test_to_device_makes_jnp_asarrays_array_without_compiling():
     np.testing.assert_array_equal(inside, np.full(3, 2.0))
 
 
+def test_a_plans_large_host_operands_are_moved_to_the_device_once():
+    """A numpy argument is transferred at every compiled call (and transposed where its memory is
+    not in C order): a plan's large operands are device arrays, its small ones may stay numpy."""
+
+    def mixture(y):
+        import numpyro
+        import numpyro.distributions as dist
+
+        with numpyro.plate("K", 2):
+            mu = numpyro.sample("mu", dist.MultivariateNormal(jnp.zeros(2), 10.0 * jnp.eye(2)))
+        with numpyro.plate("N", y.shape[0]):
+            z = numpyro.sample("z", dist.Categorical(jnp.array([0.5, 0.5])))
+            numpyro.sample("y", dist.MultivariateNormal(mu[z], jnp.eye(2)), obs=y)
+
+    y = np.random.default_rng(0).normal(size=(6000, 2))
+    engine = blrppl.VMP(mixture)
+    for plan in (engine.plan(y), engine.plan(y + 1.0)):  # recorded, then replanned
+        leaves = jax.tree.leaves(plan.arrays.factors)
+        large = [a for a in leaves if np.size(a) * 8 >= compile_mode.RESIDENT_BYTES]
+        assert large and all(isinstance(a, jax.Array) for a in large), [type(a) for a in large]
+    tree = {"big": np.asfortranarray(np.ones((3000, 4))), "small": np.ones(3), "number": 2.0}
+    moved = compile_mode.resident(tree)
+    assert isinstance(moved["big"], jax.Array) and not moved["big"].committed
+    assert type(moved["small"]) is np.ndarray and moved["number"] == 2.0
+    np.testing.assert_array_equal(moved["big"], tree["big"])
+
+
 def test_to_host_reads_a_tree_as_device_get_does():
     tree = {"a": jnp.arange(3.0), "b": (jnp.ones((2, 2), jnp.int32), 1.5, None), "c": np.zeros(2), "k": jnp.asarray(True),
             "key": jax.random.key(0)}

@@ -23,7 +23,7 @@ import numpy as np
 from numpyro import handlers
 from numpyro.distributions.transforms import biject_to
 
-from blrppl.compile_mode import to_device
+from blrppl.compile_mode import resident, to_device
 from blrppl.eager_loops import with_loops_compiled_once
 from blrppl.blr.config import MAX_JOINT_SIZE, Config
 from blrppl.blr.fallback import with_gaussian_fallback
@@ -222,7 +222,7 @@ def make_plan(model: Callable, model_args: tuple, model_kwargs: Mapping[str, Any
     data_static = len(held) == len(graph.data.arrays) > 0
     held = () if data_static else held
     arrays = PlanArrays(
-        factors=follow_data_sharding({est.factor: est.arrays for est in estimators}, graph.data.arrays),
+        factors=resident(follow_data_sharding({est.factor: est.arrays for est in estimators}, graph.data.arrays)),
         data=None if data_static else with_held_data(graph, held),
         starts=start_arrays(graph, qs, estimators, config.init),
         params=dict(init_params),

@@ -58,7 +58,7 @@ from blrppl.blr.ahead import CompiledInBackground
 from blrppl.blr.config import Config
 from blrppl.blr.plan import Plan, make_plan
 from blrppl.blr.starts import points_reader
-from blrppl.compile_mode import SizeDependentJit
+from blrppl.compile_mode import SizeDependentJit, resident
 from blrppl.graph.concrete import example_latents
 from blrppl.graph import tape
 from blrppl.graph.data import ModelData, split_model_data
@@ -193,6 +193,7 @@ def _concrete(plan: Plan) -> Plan:
     starts = tuple(_concrete_estimator(e) for e in plan.start_estimators)
     factors = {f: _strip(a) for f, a in plan.arrays.factors.items()}
     arrays = tape.strip(plan.arrays._replace(factors=factors))
+    arrays = arrays._replace(factors=resident(arrays.factors))  # as make_plan's (its Duals were not numpy)
     return dataclasses.replace(plan, estimators=estimators, start_estimators=starts, arrays=arrays)
 
 
