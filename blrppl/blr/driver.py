@@ -234,9 +234,10 @@ def _made_loop_inputs(length: int, tol: Optional[float], x64: bool) -> tuple:
     return inputs
 
 
-def _loop(algorithm, num_steps, arrays, state, tol, progress_bar, num_updates, stop=None):
+def _loop(algorithm, num_steps, arrays, state, tol, progress_bar, num_updates, stop=None, desc=None):
     """The loop of :func:`run` from ``state``: ``(state, elbo, converged)``; ``stop``: the
-    bound of a run without a progress bar (default ``num_steps``), a device array if need be."""
+    bound of a run without a progress bar (default ``num_steps``), a device array if need be;
+    ``desc``: the progress bar's label."""
     threshold, buffer, previous, hits = _loop_inputs(num_steps, tol)
     if not progress_bar:
         stop = np.asarray(num_steps, np.int32) if stop is None else stop
@@ -248,7 +249,7 @@ def _loop(algorithm, num_steps, arrays, state, tol, progress_bar, num_updates, s
 
     chunk = -(-num_steps // num_updates)
     end = 0
-    with tqdm.tqdm(total=num_steps) as bar:
+    with tqdm.tqdm(total=num_steps, desc=desc) as bar:
         for stop in range(chunk, num_steps + chunk, chunk):
             stop = min(stop, num_steps)
             new_end, state, buffer, previous, hits = _run_chunk(
