@@ -355,7 +355,10 @@ def _restart_starts(algorithm, random_algorithm, num_restarts, rng_key, arrays):
     # (the plain start's own copy would double the program: k-means, priors).
     all_keys = jnp.concatenate([rng_key[None], keys])
     moved = np.arange(num_restarts) > 0
-    natural, params = _over_restarts(algorithm, lambda k, r, a: algorithm.start(k, a, r), (0, 0, None), all_keys, moved, arrays)
+    index = np.arange(num_restarts, dtype=np.int32)
+    natural, params = _over_restarts(
+        algorithm, lambda k, r, c, a: algorithm.start(k, a, r, c), (0, 0, 0, None), all_keys, moved, index, arrays
+    )
     return _over_restarts(algorithm, algorithm.finish, (0, 0, 0, None), all_keys, natural, params, arrays)
 
 

@@ -131,7 +131,7 @@ def _start(algorithm, random_algorithm, tests, rng_key, index, arrays, stop):
     moved = index > 0
     key = jax.lax.cond(moved, lambda: jax.random.fold_in(rng_key, index), lambda: rng_key)
     if random_algorithm is None:
-        natural, params = algorithm.start(key, arrays, moved)
+        natural, params = algorithm.start(key, arrays, moved, index)
         state = algorithm.finish(key, natural, params, arrays)
     else:
         state = random_algorithm.init(key, arrays)

@@ -8,7 +8,8 @@ the symmetric fixed point forever: when the latent indexes observations
 (``y_n ~ f(mu[z_n])``), its responsibilities start from greedy k-means++ seeding
 on those observations (Arthur & Vassilvitskii 2007; the best of a few candidates
 per centre, as scikit-learn) with the rng_key, refined by Lloyd's steps to
-convergence (on a random sample of at most ``KMEANS_POINTS`` of them); otherwise
+convergence (on a random sample of at most ``KMEANS_POINTS`` of them), its clusters
+labelled by their first coordinate (restart c rotates the labels by c); otherwise
 from random responsibilities.
 
 The data a start reads (a prior's parameters, the observations k-means
@@ -69,11 +70,13 @@ def initial_natural(
     estimators: tuple[FactorEstimator, ...],
     arrays: PlanArrays,
     init: Optional[Mapping[str, Any]] = None,
+    shift: Any = 0,
 ) -> dict:
     """Natural parameters to start from (module docstring); a pure function.
 
     ``init`` maps sites to a numpyro distribution (q starts there) or a value
-    (q keeps the spread it has from the prior but is centred at the value).
+    (q keeps the spread it has from the prior but is centred at the value); ``shift``: the
+    restart's index (traced or not), by which k-means labels are rotated (:func:`_categorical_start`).
     """
     natural = placeholder_natural(qs, arrays)
     by_factor = {est.factor: est for est in estimators}
@@ -81,7 +84,7 @@ def initial_natural(
         key = jax.random.fold_in(rng_key, i)
         starts = arrays.starts[v]
         if q.family.index_valued:
-            natural[v] = _categorical_start(key, q, starts.get("points"))
+            natural[v] = _categorical_start(key, q, starts.get("points"), shift)
             continue
         if "gaussian" in starts:
             natural[v] = starts["gaussian"]
@@ -306,8 +309,14 @@ def _reader(graph: Any, factors: tuple[str, ...], layout: Callable[..., jax.Arra
     return read
 
 
-def _categorical_start(rng_key: jax.Array, q: Any, points: Optional[jax.Array]) -> Any:
+def _categorical_start(rng_key: jax.Array, q: Any, points: Optional[jax.Array], shift: Any = 0) -> Any:
     """Responsibilities: k-means on the indexed observations, else random (Dirichlet(1)).
+
+    k-means labels its clusters in a canonical order (:func:`_kmeans`), rotated by ``shift``
+    (restart c: c), so that restarts start the components on the clusters in different
+    labellings: where the components' priors differ, a labelling against them is a worse
+    optimum that VB does not leave (Stan's ``log_mix``: 15 nats), and random seeding alone
+    put all four default restarts there one time in four.
 
     A chain starts with independent marginals (no pair potentials); its
     k-means marginals (one k-means over every sequence's steps) are aligned
@@ -325,9 +334,12 @@ def _categorical_start(rng_key: jax.Array, q: Any, points: Optional[jax.Array]) 
     elif points is not None:
         probs = _kmeans(rng_key, points, num)
     else:
+        shift = 0  # random already
         # Dirichlet(1, ..., 1): normalised exponential draws (exact, and no rejection loop to compile)
         exponentials = -jnp.log(jax.random.uniform(rng_key, q.shape + (num,), minval=jnp.finfo(jnp.result_type(float)).tiny))
         probs = exponentials / jnp.sum(exponentials, -1, keepdims=True)
+    if not (isinstance(shift, int) and shift == 0):
+        probs = jnp.roll(probs, shift, axis=-1)
     if q.family.chain:  # the example's pair potentials: zero
         return q.example_natural()._replace(one_hot=jnp.log(probs))
     return q.family.stats_type(one_hot=jnp.log(probs))
@@ -400,6 +412,10 @@ def _kmeans(rng_key: jax.Array, points: jax.Array, num: int) -> jax.Array:
     centres, labels, _, _ = jax.lax.while_loop(lambda c: c[2] & (c[3] < LLOYD_MAX_STEPS), lloyd, carry)
     if points is not every:
         labels = nearest(every, centres)
+    # Labels in the order of the centres' first (standardised) coordinate, not of the random
+    # seeding: component 0 starts on the leftmost cluster, as ordered priors (Stan's log_mix,
+    # mu ~ Normal((-2, 2), 1)) expect; restarts rotate them (:func:`_categorical_start`).
+    labels = jnp.argsort(jnp.argsort(centres[:, 0]))[labels]
     hard = jax.nn.one_hot(labels, num, dtype=points.dtype)
     return 0.9 * hard + 0.1 / num
 

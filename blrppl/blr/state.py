@@ -95,7 +95,7 @@ class InferenceAlgorithm(NamedTuple):
     chain, whose step passes over its length one element after another;
     ``newton``: each step also tries damped Newton steps on the ELBO and keeps
     the best (:mod:`blrppl.blr.newton`).
-    ``start(rng_key, arrays, random) -> (natural, params)`` and
+    ``start(rng_key, arrays, random, index) -> (natural, params)`` and
     ``finish(rng_key, natural, params, arrays) -> BLRState`` split ``init`` in
     two (``init`` is ``finish`` of ``start``; ``random=True`` gives a random
     restart's start), where a random restart's ``init`` is the same
@@ -124,7 +124,7 @@ class InferenceAlgorithm(NamedTuple):
     sequential: bool = False
     chained: bool = False
     newton: bool = False
-    start: Optional[Callable[[jax.Array, Any, bool], tuple[Any, Any]]] = None
+    start: Optional[Callable[[jax.Array, Any, Any, Any], tuple[Any, Any]]] = None
     finish: Optional[Callable[[jax.Array, Any, Any, Any], BLRState]] = None
     exact: bool = False
     blank: Optional[Callable[[Any], Any]] = None
