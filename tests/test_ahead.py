@@ -102,6 +102,37 @@ def test_restarts_run_the_single_fits_loop_compiled_beside_one_start_program(rng
     np.testing.assert_allclose(np.asarray(result.restarts.elbo[0, : len(alone.elbo)]), np.asarray(alone.elbo), rtol=1e-12)
 
 
+def test_the_other_restarts_start_while_the_loop_compiles_and_fit_as_without(rng_key, monkeypatch):
+    """Restarts 1..C-1's starts are dispatched with restart 0's program as soon as it is compiled
+    (a core is free while the loop compiles), and the fit is the one made without ahead-compiling."""
+    from blrppl.blr import serial_restarts
+
+    y = jnp.concatenate([_y(20, 3) - 3.0, _y(20, 4) + 3.0])
+    dispatched = []
+
+    def spy(*args):
+        more = args[5] if len(args) > 5 else None
+        watched = None if more is None else (lambda program: (more(program), dispatched.append(True)))
+        return ahead.compile_side_by_side(*args[:5], **({} if watched is None else {"more": watched}))
+
+    def fit(model, patched):
+        if patched is not None:
+            monkeypatch.setattr(serial_restarts, "compile_side_by_side", patched)
+        result = blrppl.VMP(model).run(rng_key, 50, y, progress_bar=False, tol=1e-8, num_restarts=3)
+        monkeypatch.undo()
+        return result
+
+    def first(y):  # fresh functions: fresh programs, compiled ahead or not
+        _mixture(y)
+
+    def second(y):
+        _mixture(y)
+
+    ahead_of_time, plain = fit(first, spy), fit(second, lambda *args: None)
+    assert dispatched == [True]
+    np.testing.assert_array_equal(np.asarray(ahead_of_time.restarts.elbo), np.asarray(plain.restarts.elbo))
+
+
 def test_committed_data_are_compiled_once_without_ahead_compiling(rng_key):
     def model(y):
         _model(y)

@@ -39,7 +39,7 @@ _LOCK = threading.Lock()
 
 def compile_side_by_side(
     first: SizeDependentJit, first_args: tuple, second: SizeDependentJit, second_args: Callable[[Any], tuple],
-    then: Optional[Callable[[tuple], Any]] = None,
+    then: Optional[Callable[[tuple], Any]] = None, more: Optional[Callable[[Callable], None]] = None,
 ) -> Optional[Any]:
     """Compile ``first(*first_args)`` and ``second(*second_args(outputs))`` at once, and start
     ``first`` as soon as it is compiled.
@@ -55,6 +55,9 @@ def compile_side_by_side(
       then: ``second``'s arguments -> lowered programs that run after it (one, a list, or
         None: the best restart's rows, an EM fit's boundary check); lowered here while the two
         compile and compiled beside them: a first call no longer compiles them after its run.
+      more: called with ``first``'s compiled program right after its call, to dispatch more
+        calls of it while ``second`` compiles (the other restarts' starts); not called where
+        ``first`` was not called here.
 
     Returns:
       ``first(*first_args)`` where it was called here (the plain call's outputs, computed by the
@@ -102,6 +105,8 @@ def compile_side_by_side(
         # matmul precision), so a call from the compiling thread would compile again.
         try:
             started = program(*first_args)  # a dispatch: it runs while ``second`` compiles
+            if more is not None:
+                more(program)
         except Exception:  # noqa: BLE001 - the plain call raises it
             started = None
     do_idle_work()  # this thread's idle time, and a core's (:func:`idle_time`)

@@ -111,14 +111,24 @@ def _starts(algorithm, random_algorithm, rng_key, num_restarts, arrays, tests, n
             lowered.append(_start.lower(algorithm, random_algorithm, (), rng_key, zero, arrays, stop))
         return lowered + ([] if after is None else [after(row, arrays)])
 
-    started = compile_side_by_side(*first, driver._run_chunk, chunk_args, then)
-    yield started if started is not None else first[0](*first[1])
-    for c in range(1, num_restarts):
+    def others(c):  # restart c's start (restart 0's program where shared; its verdicts unread)
         index = np.asarray(c, np.int32)
-        if shared:  # restart 0's program (its tests' verdicts are read for restart 0 only)
-            yield _start(algorithm, None, tests, rng_key, index, arrays, stop)
-        else:
-            yield _start(algorithm, random_algorithm, (), rng_key, index, arrays, stop)
+        return (algorithm, None, tests, rng_key, index, arrays, stop) if shared else (
+            algorithm, random_algorithm, (), rng_key, index, arrays, stop
+        )
+
+    early: list = []
+
+    def more(program):  # the other starts, run while the loop compiles (a core is free then)
+        early.extend(program(*others(c)) for c in range(1, num_restarts))
+
+    started = compile_side_by_side(*first, driver._run_chunk, chunk_args, then, more if shared else None)
+    yield started if started is not None else first[0](*first[1])
+    if started is not None and len(early) == num_restarts - 1:
+        yield from early
+        return
+    for c in range(1, num_restarts):
+        yield _start(*others(c))
 
 
 @size_dependent_jit(data_argnum=5, static_argnums=(0, 1, 2), one_shot=True)
