@@ -268,8 +268,9 @@ def build_blr(
             state = state._replace(elbo_scale=jnp.zeros((), jnp.result_type(float)))
         return state
 
-    def init(rng_key: jax.Array, arrays: Any) -> BLRState:
-        natural, params = start(rng_key, arrays)
+    def init(rng_key: jax.Array, arrays: Any, index: Any = 0) -> BLRState:
+        """``finish`` of ``start``; ``index``: a restart's (see ``start``)."""
+        natural, params = start(rng_key, arrays, index=index)
         return finish(rng_key, natural, params, arrays)
 
     def attempt(state: BLRState, arrays: Any, r: jax.Array) -> tuple[BLRState, jax.Array]:

@@ -348,7 +348,8 @@ def _restart_starts(algorithm, random_algorithm, num_restarts, rng_key, arrays):
     keys = folded_keys(rng_key, range(1, num_restarts))
     if algorithm.finish is None:
         first = algorithm.init(rng_key, arrays)
-        others = _over_restarts(random_algorithm, random_algorithm.init, (0, None), keys, arrays)
+        index = np.arange(1, num_restarts, dtype=np.int32)
+        others = _over_restarts(random_algorithm, random_algorithm.init, (0, None, 0), keys, arrays, index)
         return jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, others)
     # The starts differ (restart 0: the plain start; the others: random) by a flag, the rest
     # of init not at all: start and finish are each traced once, batched over every restart

@@ -144,7 +144,7 @@ def _start(algorithm, random_algorithm, tests, rng_key, index, arrays, stop):
         natural, params = algorithm.start(key, arrays, moved, index)
         state = algorithm.finish(key, natural, params, arrays)
     else:
-        state = random_algorithm.init(key, arrays)
+        state = random_algorithm.init(key, arrays, index)
     valid = driver._valid(tests, state.natural)
     return driver._lean(algorithm, state), valid, jnp.where(jnp.all(valid) | moved, stop, jnp.zeros_like(stop))
 

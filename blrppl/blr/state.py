@@ -85,7 +85,8 @@ class BLRInfo(NamedTuple):
 class InferenceAlgorithm(NamedTuple):
     """A pair of pure functions, as blackjax's ``VIAlgorithm``.
 
-    ``init(rng_key, arrays) -> BLRState``; ``step(state, arrays) -> (state,
+    ``init(rng_key, arrays, index=0) -> BLRState`` (``index``: a restart's, which rotates
+    k-means labels); ``step(state, arrays) -> (state,
     info)`` (randomness from the state's stream); ``elbo(rng_key, state,
     arrays) -> scalar``; ``noisy``: site parameters are Monte Carlo estimates
     (convergence is then judged on averaged iterates, not on one ELBO);
@@ -117,7 +118,7 @@ class InferenceAlgorithm(NamedTuple):
     compiled program fits any data set of the same shapes.
     """
 
-    init: Callable[[jax.Array, Any], BLRState]
+    init: Callable[..., BLRState]
     step: Callable[[BLRState, Any], tuple[BLRState, BLRInfo]]
     elbo: Callable[[jax.Array, BLRState, Any], Any]
     noisy: bool = False
