@@ -217,7 +217,7 @@ def build_blr(
     def start(rng_key: jax.Array, arrays: Any, random: Any = random_starts, index: Any = 0) -> tuple[dict, dict]:
         """The first half of ``init``: q's start and the point estimates (``random``: a restart's;
         a traced boolean selects between the two, so that restarts share one start program;
-        ``index``: the restart's, which rotates k-means labels, :func:`~blrppl.blr.starts.initial_natural`)."""
+        ``index``: the restart's, which relabels k-means clusters, :func:`~blrppl.blr.starts.initial_natural`)."""
         init_key, _ = jax.random.split(rng_key)
         # A Newton start's own (delta) estimators give its first λ: no factor is estimated twice.
         first = plan.start_estimators if newton_start is not None else estimators

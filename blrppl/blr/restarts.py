@@ -7,7 +7,7 @@ from random points: each q whose family allows it (``random_restart``) is
 re-centred at a random point drawn around its starting q (its spread kept, the
 family's ``start_at``; the point is a draw from q, or for Gamma-based q's a
 log-normal draw with q's mean and variance, ``restart_draw``), categorical latents get their own random responsibilities
-(their own k-means, its clusters labelled in a canonical order rotated by c: restarts try the
+(their own k-means, its clusters labelled in a canonical order, reversed or rotated by c: restarts try the
 components on the clusters in different labellings, which differ where the components' priors do),
 point estimates (EM) move by a standard normal step on their unconstrained
 space, and sites the user fixed with ``init=`` keep that start. The C runs of

@@ -9,7 +9,7 @@ the symmetric fixed point forever: when the latent indexes observations
 on those observations (Arthur & Vassilvitskii 2007; the best of a few candidates
 per centre, as scikit-learn) with the rng_key, refined by Lloyd's steps to
 convergence (on a random sample of at most ``KMEANS_POINTS`` of them), its clusters
-labelled by their first coordinate (restart c rotates the labels by c); otherwise
+labelled by their first coordinate (restarts relabel them: the reverse order, rotations); otherwise
 from random responsibilities.
 
 The data a start reads (a prior's parameters, the observations k-means
@@ -76,7 +76,7 @@ def initial_natural(
 
     ``init`` maps sites to a numpyro distribution (q starts there) or a value
     (q keeps the spread it has from the prior but is centred at the value); ``shift``: the
-    restart's index (traced or not), by which k-means labels are rotated (:func:`_categorical_start`).
+    restart's index (traced or not), by which k-means labels are permuted (:func:`_relabelling`).
     """
     natural = placeholder_natural(qs, arrays)
     by_factor = {est.factor: est for est in estimators}
@@ -312,11 +312,12 @@ def _reader(graph: Any, factors: tuple[str, ...], layout: Callable[..., jax.Arra
 def _categorical_start(rng_key: jax.Array, q: Any, points: Optional[jax.Array], shift: Any = 0) -> Any:
     """Responsibilities: k-means on the indexed observations, else random (Dirichlet(1)).
 
-    k-means labels its clusters in a canonical order (:func:`_kmeans`), rotated by ``shift``
-    (restart c: c), so that restarts start the components on the clusters in different
-    labellings: where the components' priors differ, a labelling against them is a worse
-    optimum that VB does not leave (Stan's ``log_mix``: 15 nats), and random seeding alone
-    put all four default restarts there one time in four.
+    k-means labels its clusters in a canonical order (:func:`_kmeans`), relabelled for restart
+    ``shift`` (:func:`_relabelling`: the order, its reverse, and their rotations), so that
+    restarts start the components on the clusters in different labellings: where the
+    components' priors differ, a labelling against them is a worse optimum that VB does not
+    leave (Stan's ``log_mix``: 15 nats), and random seeding alone put all four default
+    restarts there one time in four.
 
     A chain starts with independent marginals (no pair potentials); its
     k-means marginals (one k-means over every sequence's steps) are aligned
@@ -339,10 +340,20 @@ def _categorical_start(rng_key: jax.Array, q: Any, points: Optional[jax.Array], 
         exponentials = -jnp.log(jax.random.uniform(rng_key, q.shape + (num,), minval=jnp.finfo(jnp.result_type(float)).tiny))
         probs = exponentials / jnp.sum(exponentials, -1, keepdims=True)
     if not (isinstance(shift, int) and shift == 0):
-        probs = jnp.roll(probs, shift, axis=-1)
+        probs = jnp.take(probs, _relabelling(shift, num), axis=-1)
     if q.family.chain:  # the example's pair potentials: zero
         return q.example_natural()._replace(one_hot=jnp.log(probs))
     return q.family.stats_type(one_hot=jnp.log(probs))
+
+
+def _relabelling(index: Any, num: int) -> jax.Array:
+    """Restart ``index``'s labelling of ``num`` clusters in canonical order, as the categories
+    each category's responsibilities come from: even restarts take the canonical order, odd ones
+    its reverse (ordered priors run either way), each rotated by ``index // 2``
+    (``num = 2``: the two labellings alternate; 3: ascending, descending, then their rotations)."""
+    order = jnp.arange(num)
+    order = jnp.where(index % 2 == 1, num - 1 - order, order)
+    return jnp.argsort((order + index // 2) % num)  # cluster j takes label perm[j]: labels read perm⁻¹
 
 
 LLOYD_MAX_STEPS = 100
@@ -414,7 +425,7 @@ def _kmeans(rng_key: jax.Array, points: jax.Array, num: int) -> jax.Array:
         labels = nearest(every, centres)
     # Labels in the order of the centres' first (standardised) coordinate, not of the random
     # seeding: component 0 starts on the leftmost cluster, as ordered priors (Stan's log_mix,
-    # mu ~ Normal((-2, 2), 1)) expect; restarts rotate them (:func:`_categorical_start`).
+    # mu ~ Normal((-2, 2), 1)) expect; restarts relabel them (:func:`_relabelling`).
     labels = jnp.argsort(jnp.argsort(centres[:, 0]))[labels]
     hard = jax.nn.one_hot(labels, num, dtype=points.dtype)
     return 0.9 * hard + 0.1 / num

@@ -85,8 +85,8 @@ class BLRInfo(NamedTuple):
 class InferenceAlgorithm(NamedTuple):
     """A pair of pure functions, as blackjax's ``VIAlgorithm``.
 
-    ``init(rng_key, arrays, index=0) -> BLRState`` (``index``: a restart's, which rotates
-    k-means labels); ``step(state, arrays) -> (state,
+    ``init(rng_key, arrays, index=0) -> BLRState`` (``index``: a restart's, which relabels
+    k-means clusters); ``step(state, arrays) -> (state,
     info)`` (randomness from the state's stream); ``elbo(rng_key, state,
     arrays) -> scalar``; ``noisy``: site parameters are Monte Carlo estimates
     (convergence is then judged on averaged iterates, not on one ELBO);
