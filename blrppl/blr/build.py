@@ -215,9 +215,8 @@ def build_blr(
         return natural, sites, known
 
     def start(rng_key: jax.Array, arrays: Any, random: Any = random_starts, index: Any = 0) -> tuple[dict, dict]:
-        """The first half of ``init``: q's start and the point estimates (``random``: a restart's;
-        a traced boolean selects between the two, so that restarts share one start program;
-        ``index``: the restart's, which relabels k-means clusters, :func:`~blrppl.blr.starts.initial_natural`)."""
+        """The first half of ``init``: q's start and the point estimates (``random``: a restart's, a
+        traced boolean selecting between the two; ``index``: the restart's, which relabels k-means clusters)."""
         init_key, _ = jax.random.split(rng_key)
         # A Newton start's own (delta) estimators give its first λ: no factor is estimated twice.
         first = plan.start_estimators if newton_start is not None else estimators
@@ -268,8 +267,7 @@ def build_blr(
             state = state._replace(elbo_scale=jnp.zeros((), jnp.result_type(float)))
         return state
 
-    def init(rng_key: jax.Array, arrays: Any, index: Any = 0) -> BLRState:
-        """``finish`` of ``start``; ``index``: a restart's (see ``start``)."""
+    def init(rng_key: jax.Array, arrays: Any, index: Any = 0) -> BLRState:  # index: a restart's (start)
         natural, params = start(rng_key, arrays, index=index)
         return finish(rng_key, natural, params, arrays)
 
