@@ -71,6 +71,12 @@ def log_normalizer(natural: CategoricalStats) -> Array:
     return jax.nn.logsumexp(natural.one_hot, axis=-1)
 
 
+def mean_and_log_normalizer(natural: CategoricalStats) -> tuple[CategoricalStats, Array]:
+    """``(μ, A(λ))`` from one log-sum-exp: μ = exp(λ - A(λ))."""
+    log_norm = jax.nn.logsumexp(natural.one_hot, axis=-1)
+    return CategoricalStats(one_hot=jnp.exp(natural.one_hot - log_norm[..., None])), log_norm
+
+
 def mean_params(natural: CategoricalStats) -> CategoricalStats:
     """Return μ = softmax(λ) = π."""
     return CategoricalStats(one_hot=jax.nn.softmax(natural.one_hot, axis=-1))
@@ -180,6 +186,7 @@ CATEGORICAL = ExpFamily(
     expected_log_base_measure=expected_log_base_measure,
     log_normalizer=log_normalizer,
     mean_params=mean_params,
+    mean_and_log_normalizer=mean_and_log_normalizer,
     natural_params=natural_params,
     from_usual=from_usual,
     to_usual=to_usual,
