@@ -32,7 +32,8 @@ from jax.scipy.special import logsumexp
 from blrppl.draws import compiled_for
 from blrppl.estimators.base import q_space_examples
 from blrppl.graph.concrete import example_latents
-from blrppl.estimators.nonconjugate import PREDICTOR_POINTS, glm_linear_predictor
+from blrppl.estimators.glm import PREDICTOR_POINTS
+from blrppl.estimators.nonconjugate import glm_linear_predictor
 from blrppl.estimators.quadrature import hermite_rule, predictor_expectations
 from blrppl.families.mvn import MVNStats
 from blrppl.influence import GLM_POINTS, Influence, natural_and_mean

@@ -119,6 +119,7 @@ def integrate_orphans(full: FactorEstimator, masked: FactorEstimator, own: str) 
         estimate=estimate,
         arrays=(full.arrays, masked.arrays),
         closed_data=full.closed_data or masked.closed_data,
+        delta=None,  # (a GLM's delta twin reads the unmasked arrays: the start takes the generic one)
     )
 
 

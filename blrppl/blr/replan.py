@@ -200,7 +200,8 @@ def _concrete(plan: Plan) -> Plan:
 def _concrete_estimator(est: Any) -> Any:
     arrays = _strip(est.arrays)
     analysis = arrays if est.analysis is est.arrays else _strip(est.analysis)
-    return est._replace(arrays=arrays, analysis=analysis)
+    delta = None if est.delta is None else _concrete_estimator(est.delta)
+    return est._replace(arrays=arrays, analysis=analysis, delta=delta)
 
 
 def _strip(tree: Any) -> Any:

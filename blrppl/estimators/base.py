@@ -147,6 +147,9 @@ class FactorEstimator(NamedTuple):
       at_points: for exact site parameters, ``(mean, arrays) -> (params -> E_q[log f])``: the
         expectation as a function of the point estimates alone, with q fixed at ``mean`` and
         everything else contracted once (EM's M-step, :mod:`blrppl.blr.mstep`); else None.
+      delta: for a GLM factor by quadrature on its linear predictors, the delta-method version
+        on the same ``arrays`` (:mod:`blrppl.estimators.predictor`), which a Newton start takes;
+        else None.
     """
 
     factor: str
@@ -162,6 +165,7 @@ class FactorEstimator(NamedTuple):
     replay: Optional[Callable[[tuple], tuple[Any, Any]]] = None
     constant: Optional[Callable[[Any, Any], Any]] = None
     at_points: Optional[Callable[[Any, Any], Callable]] = None
+    delta: Optional["FactorEstimator"] = None
 
 
 def var_info(q: Any) -> VarInfo:

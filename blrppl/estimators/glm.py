@@ -10,7 +10,7 @@ Bonnet/Price (Khan & Rue, Eqs. 10-11) with its own Hessian block
 A_vᵀ diag(E[ℓ'']) A_v (its diagonal for independent Normal elements).
 
 This module is the subsampled-plate version of the full-data estimator in
-:mod:`~blrppl.estimators.nonconjugate` (stochastic VI, Sec. 5.3): the
+:mod:`~blrppl.estimators.predictor` (stochastic VI, Sec. 5.3): the
 predictor is found on one minibatch with the plate's indices an *input* of
 the analysed code, so each step's design rows and observations come from
 re-running the model's own code on the batch's rows (``X[idx]``, ``y[idx]``):
@@ -44,7 +44,8 @@ from blrppl.estimators.quadrature import hermite_rule, predictor_expectations
 from blrppl.families import MVNStats, NormalStats
 from blrppl.graph.data import DATA_ERRORS
 
-#: Nodes per linear predictor (as the full-data estimator).
+#: Nodes per linear predictor: one-dimensional, so many are cheap (softplus-type
+#: likelihoods reach ~1e-5 relative accuracy with 20, 1e-9 with 50).
 PREDICTOR_POINTS = 20
 
 
@@ -120,16 +121,19 @@ def predictor_moments(mean, design, offset, names, slices):
 
 def _second_order(qs, v, a, weights):
     """Σ_n w_n a_n a_nᵀ (full block) or Σ_n w_n a_n² (independent elements), v's layout."""
+    # Row vectors times A, never Aᵀ times a column: XLA:CPU copies a transposed (N, D) operand
+    # first (a tenth of a logistic regression's step at N = 100,000).
     if qs[v].family.event_ndim == 1:
-        return (a * weights[:, None]).T @ a
-    return jnp.reshape((a * a).T @ weights, qs[v].shape)
+        return a.T @ (a * weights[:, None])
+    return jnp.reshape(weights @ (a * a), qs[v].shape)
 
 
-def _natural_gradients(qs, blocks, d1, d2) -> dict:
-    """Bonnet/Price from E[ℓ'], E[ℓ''] per observation (Eqs. 10-11)."""
+def natural_gradients(qs, blocks, d1, d2) -> dict:
+    """Bonnet/Price from E[ℓ'], E[ℓ''] per observation (Eqs. 10-11): each neighbour's
+    ``(v, rows, mean, stats)`` of :func:`predictor_moments`."""
     grads = {}
     for v, a, m, stats in blocks:
-        g = a.T @ d1
+        g = d1 @ a
         hessian = _second_order(qs, v, a, d2)
         if isinstance(stats, MVNStats):
             grads[v] = MVNStats(x=g - hessian @ m, xxT=0.5 * hessian)  # Eqs. 10-11
@@ -164,7 +168,7 @@ def minibatch_glm_estimator(factor: str, qs, predictor: LinearPredictor, names, 
     def estimate_rows(rng_key, mean, params, arrays, idx, w):
         del rng_key, params
         _, blocks, expected, d1, d2 = on_rows(mean, arrays, idx)
-        return jnp.sum(w * expected), _natural_gradients(qs, blocks, w * d1, w * d2)
+        return jnp.sum(w * expected), natural_gradients(qs, blocks, w * d1, w * d2)
 
     def fresh(mean, params, arrays, batch):
         del params
@@ -178,7 +182,7 @@ def minibatch_glm_estimator(factor: str, qs, predictor: LinearPredictor, names, 
 
     def contribution(v, a, b, c):
         second = _second_order(qs, v, a, c)
-        x = a.T @ b
+        x = b @ a
         if qs[v].family.event_ndim == 1:
             return MVNStats(x=x, xxT=second)
         return NormalStats(x=jnp.reshape(x, qs[v].shape), x_sq=second)

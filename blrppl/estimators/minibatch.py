@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from blrppl.errors import ModelError
+
 START_SEED = 0
 """Seed of the fixed subsample a minibatch fit's Newton start reads."""
 
@@ -97,3 +99,12 @@ def rows_or_all(estimate_rows: Callable, plate: Any) -> Callable:
         return estimate_rows(rng_key, mean, params, arrays, batch, ones)
 
     return estimate
+
+
+def refuse_minibatch(factor: str, batch: Any) -> None:
+    """A factor planned without minibatches (full data) is never given a ``batch``."""
+    if batch is not None:
+        raise ModelError(
+            f"site {factor!r}: this estimator was planned for full data and cannot read a minibatch; "
+            "plan the fit with SVI (the factor must sit in the subsampled plate)."
+        )

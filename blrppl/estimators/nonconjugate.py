@@ -46,17 +46,12 @@ from blrppl.estimators.enumeration import (
     is_enumerable,
     plan_enumeration,
 )
-from blrppl.estimators.glm import minibatch_glm_or_none, predictor_moments
-from blrppl.estimators.linear_predictor import LinearPredictor, find_linear_predictor
-from blrppl.estimators.minibatch import rows_or_all
+from blrppl.estimators.glm import minibatch_glm_or_none
+from blrppl.estimators.linear_predictor import find_linear_predictor
+from blrppl.estimators.minibatch import refuse_minibatch, rows_or_all
 from blrppl.estimators.monte_carlo import monte_carlo
-from blrppl.estimators.quadrature import (
-    gauss_hermite,
-    gauss_hermite_product,
-    hermite_rule,
-    predictor_expectations,
-)
-from blrppl.families import MVNStats, NormalStats
+from blrppl.estimators.predictor import predictor_estimator
+from blrppl.estimators.quadrature import gauss_hermite, gauss_hermite_product
 from blrppl.graph.data import DATA_ERRORS
 from blrppl.graph.jaxpr import lapack_primitives
 from blrppl.graph.nodes import FactorGraph
@@ -65,9 +60,6 @@ from blrppl.graph.concrete import with_held_data
 from blrppl.graph.replay import replay
 
 QUADRATURE_POINTS = 10
-#: Nodes per linear predictor: one-dimensional, so many are cheap (softplus-type
-#: likelihoods reach ~1e-5 relative accuracy with 20, 1e-9 with 50).
-PREDICTOR_POINTS = 20
 
 
 def nonconjugate_estimator(
@@ -131,7 +123,7 @@ def nonconjugate_estimator(
     elif method in ("auto", "quadrature") and gaussians and not others and not discrete:
         found = glm_linear_predictor(graph, factor, qs, examples, transforms, fixed)
         if found is not None:
-            return _predictor_estimator(factor, qs, *found)
+            return predictor_estimator(factor, qs, *found)
     if discrete:
         return _enumerated_estimator(graph, factor, qs, examples, method, num_samples, discrete, reason)
     if method == "auto":
@@ -233,15 +225,6 @@ def _enumerated_estimator(graph, factor, qs, examples, method, num_samples, disc
     name = method if continuous else "enumeration"
     method = Method((), neighbours, name, discrete)
     return FactorEstimator(factor, neighbours, method, estimate, positions, sequential=sequential)
-
-
-def refuse_minibatch(factor: str, batch: Any) -> None:
-    """A factor planned without minibatches (full data) is never given a ``batch``."""
-    if batch is not None:
-        raise ModelError(
-            f"site {factor!r}: this estimator was planned for full data and cannot read a minibatch; "
-            "plan the fit with SVI (the factor must sit in the subsampled plate)."
-        )
 
 
 def _check_minibatch(graph: FactorGraph, factor: str, neighbours: Sequence[str], discrete, plate: Any) -> None:
@@ -427,49 +410,6 @@ def glm_linear_predictor(graph, factor, qs, examples, transforms, fixed):
 
 def _identity(transform) -> bool:
     return transform is None or isinstance(transform, IdentityTransform)
-
-
-def _predictor_estimator(factor: str, qs, predictor: LinearPredictor, names, slices, closed: bool) -> FactorEstimator:
-    """Gauss-Hermite on each linear predictor η_n (Khan & Lin 2017; Eqs. 10-11).
-
-    Under mean-field q over the neighbours, η_n is Gaussian with mean
-    Σ_v A_v m_v + o and variance Σ_v a_nvᵀ Σ_v a_nv; with E[ℓ'], E[ℓ''] per
-    observation, each neighbour's natural gradient is Bonnet/Price with its
-    own Hessian block A_vᵀ diag(E[ℓ'']) A_v (its diagonal for independent
-    Normal elements).
-    """
-    nodes, weights = hermite_rule(PREDICTOR_POINTS)
-
-    def estimate(rng_key, mean, params, arrays, batch=None):
-        del rng_key, params
-        refuse_minibatch(factor, batch)
-        design, offset = arrays.factors[factor]
-        data = None if closed else arrays.data
-        eta_mean, eta_var, blocks = predictor_moments(mean, design, offset, names, slices)
-        expected, d1, d2 = predictor_expectations(
-            lambda eta: predictor.log_likelihood(eta, data), eta_mean, eta_var, nodes, weights
-        )
-        grads = {}
-        for v, a, m, stats in blocks:
-            g = a.T @ d1
-            if isinstance(stats, MVNStats):
-                hessian = (a * d2[:, None]).T @ a
-                grads[v] = MVNStats(x=g - hessian @ m, xxT=0.5 * hessian)  # Eqs. 10-11
-            else:
-                diagonal = (a * a).T @ d2
-                shape = qs[v].shape
-                grads[v] = NormalStats(x=jnp.reshape(g - diagonal * m, shape), x_sq=jnp.reshape(0.5 * diagonal, shape))
-        return jnp.sum(expected), grads
-
-    def replay(data_arrays):
-        design, offset, ok = predictor.replay(data_arrays)
-        return (design, offset), ok
-
-    method = Method((), tuple(names), "quadrature")
-    return FactorEstimator(
-        factor, tuple(names), method, estimate, (predictor.design, predictor.offset), closed_data=closed,
-        replay=None if closed else replay,
-    )
 
 
 def _auto_method(graph, factor, qs, examples, transforms, fixed, gaussians, others) -> str:

@@ -232,6 +232,8 @@ def delta_estimator(
     method = estimator.method
     if not method.estimated or any(not qs[v].family.gaussian for v in method.estimated):
         return None
+    if estimator.delta is not None:  # a GLM's: by its linear predictors, one pass over the rows
+        return estimator.delta
     name = estimator.factor
     plate = estimator.subsample
     if method.exact:

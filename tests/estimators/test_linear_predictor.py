@@ -148,3 +148,36 @@ def test_several_mean_field_neighbours_share_one_predictor(rng_key):
     for v in ("a", "beta"):
         np.testing.assert_allclose(grads[v].x, ref[v].x, rtol=3e-2, atol=3e-2)
         np.testing.assert_allclose(grads[v].x_sq, ref[v].x_sq, rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("case", ["full block", "mean-field blocks"])
+def test_a_newton_start_takes_the_predictors_delta_method_which_differentiating_the_code_gives(rng_key, case):
+    """A GLM factor's start estimator is the delta method on its linear predictors (ℓ, ℓ', ℓ''
+    at A m + o: one pass over the rows), on the fit's own arrays: the same value and site
+    parameters as the delta method by differentiating the model's code twice."""
+    from blrppl.estimators.nonconjugate import nonconjugate_estimator
+    from blrppl.families.normal import NormalStats
+
+    if case == "full block":
+        plan = blrppl.NonConjugateVI(logistic_model).plan(X, y=BINARY)
+        m = jnp.array([0.4, -0.7])
+        mean = {"beta": MVNStats(x=m, xxT=jnp.array([[0.3, 0.1], [0.1, 0.5]]) + jnp.outer(m, m))}
+    else:
+        group = jnp.asarray(np.arange(40) % 3)
+        plan = blrppl.NonConjugateVI(varying_intercepts).plan(group, X[:, 0], y=BINARY)
+        a = jnp.array([0.3, -0.2, 0.5])
+        mean = {"a": NormalStats(x=a, x_sq=a**2 + 0.2), "beta": NormalStats(x=jnp.array(0.7), x_sq=jnp.array(0.74))}
+    est = {e.factor: e for e in plan.estimators}["y"]
+    start = {e.factor: e for e in plan.start_estimators}["y"]
+    assert est.method.label == "quadrature" and start.method.label == "delta"
+    assert jax.tree.structure(start.arrays) == jax.tree.structure(est.arrays)  # (A, o): the fit's own arrays
+    for got, want in zip(jax.tree.leaves(start.arrays), jax.tree.leaves(est.arrays)):
+        np.testing.assert_array_equal(got, want)
+    examples = {v: jnp.zeros(q.shape) for v, q in plan.qs.items()}
+    generic = nonconjugate_estimator(plan.graph, "y", plan.qs, examples, "delta", 1, "start")
+    value, grads = start.estimate(rng_key, mean, {}, plan.arrays)
+    ref_value, ref = generic.estimate(rng_key, mean, {}, plan.arrays)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-12)
+    for v in ref:
+        for got, want in zip(grads[v], ref[v]):
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
