@@ -87,6 +87,16 @@ ONE_SHOT_BYTES = 1 << 26
 the posterior's distributions): their run time is one pass over the data, where a step
 loop's is hundreds; the start of a mixture on 100,000 points compiles in 3 s instead of 10 s."""
 
+FIRST_STEPS = 8
+"""After a Newton start (:attr:`~blrppl.blr.state.InferenceAlgorithm.newton_started`) a step loop
+runs its first ``FIRST_STEPS`` steps with ``FAST_CPU_OPTIONS`` (:func:`first_steps`), whatever its
+data's size and planned steps, and only a run that goes on compiles the loop its planned steps
+call for. Such a fit starts at the Laplace approximation and usually converges within a few
+steps, where the balanced loop's compilation costs more than it saves: the logistic regression
+on 100,000 rows converges in 3 steps of 83 ms (57 ms balanced), and its loop compiles in
+0.4 s instead of 0.9 s. A longer run pays one more compilation and those steps' difference.
+The choice depends only on the step's index, so a fit is still reproducible bit for bit."""
+
 MODES = ("auto", "fast", "optimized")
 ENVIRONMENT_VARIABLE = "BLRPPL_COMPILE_MODE"
 
@@ -207,6 +217,21 @@ def planned_steps(num_steps: Optional[int]) -> Iterator[None]:
         _PLANNED_STEPS.reset(token)
 
 
+_FIRST_STEPS: contextvars.ContextVar = contextvars.ContextVar("blrppl_first_steps", default=False)
+
+
+@contextlib.contextmanager
+def first_steps(cheap: bool = True) -> Iterator[None]:
+    """Within this context (where ``cheap``), step loops over larger data on a CPU take
+    ``FAST_CPU_OPTIONS`` in mode "auto" whatever their planned steps: they run a fit's first
+    steps after a Newton start (see ``FIRST_STEPS``)."""
+    token = _FIRST_STEPS.set(bool(cheap))
+    try:
+        yield
+    finally:
+        _FIRST_STEPS.reset(token)
+
+
 def _nbytes(leaf: Any) -> int:
     # Read from the shape and dtype (jax.Array.nbytes is a slow property; a float has none):
     # the driver asks at every call, and a small model's second fit lasts a millisecond.
@@ -291,7 +316,7 @@ class SizeDependentJit:
         on_cpu = _on_cpu(jax.tree.leaves(args[self.data_argnum] if self.data_argnum is not None else args))
         if self.fixed is None and self.loop is not None and on_cpu:
             steps = _PLANNED_STEPS.get()
-            if steps is not None and self.loop(args) and self._cheap_loop(args, steps):
+            if steps is not None and self.loop(args) and (_FIRST_STEPS.get() or self._cheap_loop(args, steps)):
                 return self.fast
         return self.balanced if on_cpu else self.optimized
 

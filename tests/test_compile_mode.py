@@ -330,3 +330,33 @@ def test_larger_data_compile_with_the_balanced_options_and_fit_as_xla_defaults_d
     assert len(auto.elbo) == len(default.elbo)
     np.testing.assert_allclose(auto.elbo, default.elbo, rtol=1e-12)
     np.testing.assert_allclose(auto.posterior["x"].mean, default.posterior["x"].mean, rtol=1e-9, atol=1e-9)
+
+
+@ON_CPU
+def test_a_fit_after_a_newton_start_takes_its_first_steps_in_the_cheap_loop(restore_mode, monkeypatch):
+    """After a Newton start the first FIRST_STEPS steps run in the cheaply compiled loop whatever
+    the planned steps call for (here, by a zero budget, the balanced loop): a fit converged by
+    then never compiles the balanced loop; a longer run goes on in it, to the same bits with and
+    without a progress bar."""
+    from models import styles
+
+    monkeypatch.setattr(compile_mode, "LOOP_FLOP_BUDGET", 0.0)
+    model, data = styles.MODELS["logistic_random_intercepts"]  # 600 rows: over SMALL_DATA_BYTES
+    data_args, data_kwargs = data()
+    engine = blrppl.NonConjugateVI(lambda *a, **k: model(*a, **k))  # a fresh model: fresh programs
+    plan = engine.plan(*data_args, **data_kwargs)
+    assert engine.build(plan).newton_started and not compile_mode.fast_compile(plan.arrays)
+    loop, chosen = driver._run_chunk, []
+    variant = loop.variant
+    monkeypatch.setattr(loop, "variant", lambda *args: chosen.append(variant(*args)) or chosen[-1])
+    short = engine.fit(plan, jax.random.key(0), 50, progress_bar=False, tol=1e-6)
+    assert short.convergence.stopped and len(short.elbo) <= compile_mode.FIRST_STEPS
+    assert chosen and all(v is loop.fast for v in chosen)
+    steps, chosen[:] = compile_mode.FIRST_STEPS + 4, []
+    plain = engine.fit(plan, jax.random.key(0), steps, progress_bar=False)
+    assert chosen[-2:] == [loop.fast, loop.balanced] and len(plain.elbo) == steps
+    chosen[:] = []
+    bars = engine.fit(plan, jax.random.key(0), steps, progress_bar=True)
+    assert chosen[-steps:] == [loop.fast] * compile_mode.FIRST_STEPS + [loop.balanced] * 4  # a call per step
+    np.testing.assert_array_equal(plain.elbo, bars.elbo)
+    np.testing.assert_allclose(plain.elbo[: len(short.elbo)], short.elbo, rtol=1e-13)

@@ -428,7 +428,7 @@ def build_blr(
         chained=any(q.family.chain for q in qs.values()), newton=newton,
         start=start if shared else None, finish=finish if shared else None, exact=exact,
         blank=(lambda arrays: placeholder_natural(qs, arrays)) if exact else None, exact_targets=exact_targets,
-        unbounded_sites=unbounded_sites if exact_targets else None,
+        unbounded_sites=unbounded_sites if exact_targets else None, newton_started=newton_start is not None,
     )
 
 

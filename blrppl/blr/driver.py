@@ -24,7 +24,7 @@ from blrppl.blr.ahead import compile_side_by_side
 from blrppl.blr.restarts import folded_keys
 from blrppl.blr.state import BLRState, InferenceAlgorithm
 from blrppl.blr.watchdog import block_until_ready
-from blrppl.compile_mode import SizeDependentJit, planned_steps, size_dependent_jit, to_device, to_host
+from blrppl.compile_mode import FIRST_STEPS, SizeDependentJit, first_steps, planned_steps, size_dependent_jit, to_device, to_host
 
 
 def init(algorithm: InferenceAlgorithm, rng_key: jax.Array, arrays: Any) -> BLRState:
@@ -165,17 +165,19 @@ def checked_run(
 def _checked_run(algorithm, rng_key, num_steps, arrays, tests, tol, progress_bar, num_updates, after=None):
     if algorithm.exact and not progress_bar:
         return _checked_exact_run(algorithm, rng_key, num_steps, arrays, tests, tol)
-    init_args = (algorithm, tests, algorithm.exact, rng_key, arrays, np.asarray(num_steps, np.int32))
+    first = _first_steps(algorithm, num_steps)  # the loop's first call runs at most these steps
+    init_args = (algorithm, tests, algorithm.exact, rng_key, arrays, np.asarray(first or num_steps, np.int32))
     threshold, buffer, previous, hits = _loop_inputs(num_steps, tol)
 
     def chunk_args(init_outputs):
         state, _, stop = init_outputs
-        stop = np.asarray(num_steps, np.int32) if progress_bar else stop
+        stop = np.asarray(first or num_steps, np.int32) if progress_bar else stop
         return algorithm, arrays, _lean(algorithm, state), buffer, np.asarray(0, np.int32), stop, previous, hits, threshold
 
     def then(args):  # the final state's types: the loop's outputs' (jit's cached trace; weak types made strong)
         return after(_run_chunk.variant(*args).trace(*args).out_info[1], args[1])
-    started = compile_side_by_side(_init, init_args, _run_chunk, chunk_args, None if after is None else then)
+    with first_steps(bool(first)):  # (the loop compiled beside the start is the one its first call runs)
+        started = compile_side_by_side(_init, init_args, _run_chunk, chunk_args, None if after is None else then)
     state, valid, stop = started if started is not None else _init(*init_args)
     if progress_bar:
         valid = np.asarray(block_until_ready(valid))
@@ -234,35 +236,46 @@ def _made_loop_inputs(length: int, tol: Optional[float], x64: bool) -> tuple:
     return inputs
 
 
-def _loop(algorithm, num_steps, arrays, state, tol, progress_bar, num_updates, stop=None, desc=None):
+def _first_steps(algorithm: InferenceAlgorithm, num_steps: int) -> int:
+    """How many steps a run starts with in the cheaply compiled loop (0: none): after a Newton start,
+    ``compile_mode.FIRST_STEPS`` (:func:`~blrppl.compile_mode.first_steps`)."""
+    return min(FIRST_STEPS, num_steps) if algorithm.newton_started else 0
+
+
+def _loop(algorithm, num_steps, arrays, state, tol, progress_bar, num_updates, stop=None, desc=None, tiered=True):
     """The loop of :func:`run` from ``state``: ``(state, elbo, converged)``; ``stop``: the
-    bound of a run without a progress bar (default ``num_steps``), a device array if need be;
-    ``desc``: the progress bar's label."""
+    bound of a run without a progress bar (default ``num_steps``), a device array if need be
+    (after a Newton start at most the first steps', :func:`_first_steps`: the caller's start
+    bounds it so); ``desc``: the progress bar's label. Where ``tiered``, steps before
+    :func:`_first_steps` run in the loop compiled for them, the others in the loop compiled for
+    ``num_steps`` (restarts, dispatched one behind the other, take the latter throughout)."""
     threshold, buffer, previous, hits = _loop_inputs(num_steps, tol)
+    first = _first_steps(algorithm, num_steps) if tiered else 0
     if not progress_bar:
-        stop = np.asarray(num_steps, np.int32) if stop is None else stop
-        end, state, buffer, previous, hits = block_until_ready(_run_chunk(
-            algorithm, arrays, _lean(algorithm, state), buffer, np.asarray(0, np.int32), stop, previous, hits, threshold
-        ))
+        stop = np.asarray(first or num_steps, np.int32) if stop is None else stop
+        with first_steps(bool(first)):
+            end, state, buffer, previous, hits = block_until_ready(_run_chunk(
+                algorithm, arrays, _lean(algorithm, state), buffer, np.asarray(0, np.int32), stop, previous, hits, threshold
+            ))
+        end, hits = to_host((end, hits))
+        if first and int(end) == first < num_steps and int(hits) < stopping.CONFIRMATIONS:
+            end, state, buffer, previous, hits = block_until_ready(_run_chunk(
+                algorithm, arrays, state, buffer, np.asarray(end, np.int32), np.asarray(num_steps, np.int32), previous,
+                hits, threshold,
+            ))
         end, hits, buffer = to_host((end, hits, buffer))  # one transfer
         return state, _head(buffer, int(end)), int(hits) >= stopping.CONFIRMATIONS
 
     chunk = -(-num_steps // num_updates)
     end = 0
+    bounds = sorted({min(stop, num_steps) for stop in range(chunk, num_steps + chunk, chunk)} | ({first} if first else set()))
     with tqdm.tqdm(total=num_steps, desc=desc) as bar:
-        for stop in range(chunk, num_steps + chunk, chunk):
-            stop = min(stop, num_steps)
-            new_end, state, buffer, previous, hits = _run_chunk(
-                algorithm,
-                arrays,
-                _lean(algorithm, state),
-                buffer,
-                np.asarray(end, np.int32),
-                np.asarray(stop, np.int32),
-                previous,
-                hits,
-                threshold,
-            )
+        for stop in bounds:
+            with first_steps(stop <= first):
+                new_end, state, buffer, previous, hits = _run_chunk(
+                    algorithm, arrays, _lean(algorithm, state), buffer, np.asarray(end, np.int32),
+                    np.asarray(stop, np.int32), previous, hits, threshold,
+                )
             block_until_ready((new_end, state, previous, hits))
             new_end = int(new_end)
             bar.update(new_end - end)

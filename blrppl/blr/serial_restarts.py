@@ -171,7 +171,9 @@ def _run_with_bars(algorithm, num_steps, arrays, starts, tol, num_updates, check
     for c, (state, valid, _) in enumerate(starts):
         if c == 0 and check_start is not None and valid is not None:
             check_start(np.asarray(block_until_ready(valid)))
-        state, elbo, done = driver._loop(algorithm, num_steps, arrays, state, tol, True, num_updates, desc=f"restart {c}")
+        state, elbo, done = driver._loop(
+            algorithm, num_steps, arrays, state, tol, True, num_updates, desc=f"restart {c}", tiered=False
+        )
         yield state, np.asarray(elbo), done
 
 

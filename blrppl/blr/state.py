@@ -95,7 +95,9 @@ class InferenceAlgorithm(NamedTuple):
     :func:`blrppl.graph.jaxpr.lapack_primitives`); ``chained``: some q is a
     chain, whose step passes over its length one element after another;
     ``newton``: each step also tries damped Newton steps on the ELBO and keeps
-    the best (:mod:`blrppl.blr.newton`).
+    the best (:mod:`blrppl.blr.newton`); ``newton_started``: ``init`` takes guarded
+    Newton steps to the mode (a Laplace start), after which a run usually converges
+    within a few steps (:data:`blrppl.compile_mode.FIRST_STEPS`).
     ``start(rng_key, arrays, random, index) -> (natural, params)`` and
     ``finish(rng_key, natural, params, arrays) -> BLRState`` split ``init`` in
     two (``init`` is ``finish`` of ``start``; ``random=True`` gives a random
@@ -131,3 +133,4 @@ class InferenceAlgorithm(NamedTuple):
     blank: Optional[Callable[[Any], Any]] = None
     exact_targets: frozenset = frozenset()
     unbounded_sites: Optional[Callable[[BLRState, Any], jax.Array]] = None
+    newton_started: bool = False
