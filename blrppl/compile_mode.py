@@ -93,8 +93,8 @@ runs its first ``FIRST_STEPS`` steps with ``FAST_CPU_OPTIONS`` (:func:`first_ste
 data's size and planned steps, and only a run that goes on compiles the loop its planned steps
 call for. Such a fit starts at the Laplace approximation and usually converges within a few
 steps, where the balanced loop's compilation costs more than it saves: the logistic regression
-on 100,000 rows converges in 3 steps of 83 ms (57 ms balanced), and its loop compiles in
-0.4 s instead of 0.9 s. A longer run pays one more compilation and those steps' difference.
+on 100,000 rows converges in 3 steps of 106 ms (67 ms balanced), and its loop compiles in
+0.3-0.5 s instead of 0.7-1.1 s. A longer run pays one more compilation and those steps' difference.
 The choice depends only on the step's index, so a fit is still reproducible bit for bit."""
 
 MODES = ("auto", "fast", "optimized")
