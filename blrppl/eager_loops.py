@@ -13,7 +13,8 @@ Inside :func:`loops_compiled_once`, an eager ``scan`` or ``while`` is looked
 up by its printed parameters (the body's equations, shapes and literals) and
 its arguments' types, and runs the program compiled for the first loop of
 that structure (with cheap settings where :func:`blrppl.eager_ops.options_for`
-says so). A body whose text does not determine it (constants closed
+says so). A short ``scan`` with small operands is not compiled at all: it runs
+its body step by step in numpy (:func:`blrppl.host_ops.evaluate`). A body whose text does not determine it (constants closed
 over outside its arguments, a Python callback, an object printed by address)
 is compiled as JAX would. Outside the context, and inside any trace, the
 primitives behave exactly as JAX's own.
@@ -31,6 +32,7 @@ import jax
 from jax.extend.core import ClosedJaxpr
 from jax.extend.core import primitives as _primitives
 
+from blrppl import host_ops
 from blrppl.compile_mode import recently_used
 from blrppl.eager_ops import cheap_eager_ops, options_for, switched_on
 
@@ -65,6 +67,10 @@ def _structural_impl(primitive: Any, original: Callable) -> Callable:
         if not key:
             return original(*args, **params)
         options = options_for(args)  # cheap settings for small loops on a CPU (blrppl.eager_ops)
+        if options is not None:  # a short scan is run by its body in numpy: nothing compiles
+            on_host = host_ops.evaluate(primitive, params, args)
+            if on_host is not None:
+                return on_host
         key = key + (options is not None,)
         with _LOCK:
             program = recently_used(

@@ -13,9 +13,11 @@ elementwise arithmetic, comparisons, casts, shape operations, reductions,
 ``dot_general``, slices, gathers, Cholesky factors and triangular solves; a
 jitted function, such as ``jnp.add``, by its jaxpr, equation by equation),
 with the dtype, shape and weak type JAX's own abstract evaluation gives;
-anything else (random bits, scatters, sorts, loops, float-to-integer casts,
-primitives with several outputs, a parameter a rule does not know) returns
-None, and the caller compiles it as JAX would. Values agree with XLA's to
+a short ``scan`` (NumPyro's ``scan`` over a time series, whose body splits its
+PRNG key at every step) by its body, step by step (:func:`_scan`; the keys by
+:mod:`blrppl.host_prng`); anything else (random bits, scatters, sorts, while loops, float-to-integer casts, other primitives
+with several outputs, a parameter a rule does not know) returns None, and the
+caller compiles it as JAX would. Values agree with XLA's to
 the last bit or two (transcendental functions round differently), as
 :mod:`blrppl.eager_ops`' cheap compilation already does, and so do XLA's
 conventions (lgamma(-inf) = inf; digamma is NaN at its poles), except for
@@ -30,7 +32,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from blrppl import compile_mode
+from blrppl import compile_mode, host_prng
 from blrppl.graph import host
 
 MAX_OPERAND_BYTES = 1 << 20
@@ -41,6 +43,10 @@ multi-threaded loops win, and its compilation is a smaller share)."""
 class _Unsupported(Exception):
     """An equation no rule covers: the caller compiles the operation."""
 
+
+MAX_SCAN_EQUATIONS = 4096
+"""Most equations a ``scan`` may run in all (its length times its body's) to be evaluated
+with numpy: a few microseconds each, against 50-80 ms for compiling the loop."""
 
 #: Primitives that call a jaxpr, evaluated equation by equation.
 _CALLS = {"jit": "jaxpr", "pjit": "jaxpr", "custom_jvp_call": "call_jaxpr", "closed_call": "call_jaxpr"}
@@ -54,7 +60,7 @@ def evaluate(prim: Any, params: dict, args: tuple) -> Optional[Any]:
         return None
     try:
         avals = [jax.typeof(a) for a in args]
-        values = [np.asarray(a) for a in args]
+        values = [_host_value(a) for a in args]
         with np.errstate(all="ignore"):
             outputs, out_avals = _apply(prim, params, values, avals)
     except Exception:  # noqa: BLE001 - no rule, or a rule that does not fit these operands
@@ -70,10 +76,10 @@ def evaluate_call(closed: Any, args: tuple) -> Optional[list]:
         return None
     try:
         with np.errstate(all="ignore"):
-            outputs = _run_jaxpr(closed.jaxpr, closed.consts, [np.asarray(a) for a in args])
+            outputs = _run_jaxpr(closed.jaxpr, closed.consts, [_host_value(a) for a in args])
     except Exception:  # noqa: BLE001 - an equation no rule covers
         return None
-    return [_to_device(np.asarray(o, v.aval.dtype), v.aval) for o, v in zip(outputs, closed.jaxpr.outvars)]
+    return [_to_device(_typed(o, v.aval), v.aval) for o, v in zip(outputs, closed.jaxpr.outvars)]
 
 
 def _small_on_host(args: tuple) -> bool:
@@ -87,11 +93,12 @@ def _small_on_host(args: tuple) -> bool:
     for leaf in leaves:
         if isinstance(leaf, jax.Array) and (leaf.committed or len(leaf.sharding.device_set) != 1):
             return False
-    return sum(compile_mode._nbytes(leaf) for leaf in leaves) <= MAX_OPERAND_BYTES
+    return sum(8 if host_prng.is_key(leaf) else compile_mode._nbytes(leaf) for leaf in leaves) <= MAX_OPERAND_BYTES
 
 
-def _apply(prim: Any, params: dict, values: list, avals: list) -> tuple[list, list]:
-    """Numpy values and abstract values of the primitive's outputs (raises where unsupported).
+def _apply(prim: Any, params: dict, values: list, avals: list, out_avals: Optional[list] = None) -> tuple[list, list]:
+    """Numpy values and abstract values of the primitive's outputs (raises where unsupported);
+    ``out_avals``: the latter, where the caller knows them (a jaxpr's equation).
 
     The rules are the symbolic interpreter's (:func:`blrppl.graph.host.evaluate`: exact
     arithmetic and index operations, and the common transcendental functions, sums, products
@@ -101,15 +108,71 @@ def _apply(prim: Any, params: dict, values: list, avals: list) -> tuple[list, li
         closed = params[call]
         outputs = _run_jaxpr(closed.jaxpr, closed.consts, values)
         out_avals = [v.aval for v in closed.jaxpr.outvars]
-        return [np.asarray(o, a.dtype) for o, a in zip(outputs, out_avals)], out_avals
+        return [_typed(o, a) for o, a in zip(outputs, out_avals)], out_avals
+    if prim.name == "scan":
+        return _scan(params, values)
+    if prim.name in host_prng.OPERATIONS:
+        outputs = host_prng.apply(prim.name, params, values)
+        return outputs, out_avals if out_avals is not None else list(prim.abstract_eval(*avals, **params)[0])
     if prim.multiple_results or _has_sharding(params):
         raise _Unsupported(prim.name)
-    out_aval, _ = prim.abstract_eval(*avals, **params)
+    out_aval = out_avals[0] if out_avals is not None else prim.abstract_eval(*avals, **params)[0]
     xs = [np.asarray(v, dtype=a.dtype) for v, a in zip(values, avals)]
     out = host.evaluate(prim.name, params, xs, out_aval.dtype, tuple(out_aval.shape), approximate=True)
     if out is None:
         raise _Unsupported(prim.name)
     return [out], [out_aval]
+
+
+def _scan(params: dict, values: list) -> tuple[list, list]:
+    """``lax.scan`` by its body, one step after another (``MAX_SCAN_EQUATIONS`` at most).
+
+    NumPyro runs a model's ``scan`` eagerly while planning traces it (its sites' example
+    values), and JAX would compile the loop for that one call: 50-80 ms for each of the two
+    or three loops of an HMM or a state-space model. The body's equations whose outputs
+    the loop does not use (the second half of NumPyro's key split) are left out."""
+    closed, length = params["jaxpr"], params["length"]
+    num_consts, num_carry = params["num_consts"], params["num_carry"]
+    body = _used_equations(closed.jaxpr)
+    if length * len(body) > MAX_SCAN_EQUATIONS or params.get("_split_transpose"):
+        raise _Unsupported("scan")
+    consts, carry, xs = values[:num_consts], values[num_consts:num_consts + num_carry], values[num_consts + num_carry:]
+    if any(not isinstance(x, np.ndarray) for x in xs):
+        raise _Unsupported("scan over keys")
+    out_avals = [v.aval for v in closed.jaxpr.outvars]
+    ys = []
+    for i in reversed(range(length)) if params["reverse"] else range(length):
+        outputs = _run_jaxpr(closed.jaxpr, closed.consts, consts + carry + [x[i] for x in xs], body)
+        carry = [_typed(o, a) for o, a in zip(outputs[:num_carry], out_avals)]
+        ys.append(outputs[num_carry:])
+    if params["reverse"]:
+        ys.reverse()
+    y_avals = [a.update(shape=(length, *a.shape)) for a in out_avals[num_carry:]]
+    stacked = [np.stack([np.asarray(y[j], a.dtype) for y in ys]) if ys else np.zeros(a.shape, a.dtype)
+               for j, a in enumerate(y_avals)]
+    return carry + stacked, out_avals[:num_carry] + y_avals
+
+
+def _used_equations(jaxpr: Any) -> list:
+    """``jaxpr``'s equations that its outputs read (directly or not), in order: the others
+    (here NumPyro's unused half of each key split) have no effect on the loop."""
+    needed = {v for v in jaxpr.outvars if not hasattr(v, "val")}
+    kept = []
+    for eqn in reversed(jaxpr.eqns):
+        if eqn.effects or any(v in needed for v in eqn.outvars):
+            kept.append(eqn)
+            needed.update(v for v in eqn.invars if not hasattr(v, "val"))
+    return kept[::-1]
+
+
+def _host_value(value: Any) -> Any:
+    """A numpy array of ``value``, or a key array's :class:`~blrppl.host_prng.HostKey`."""
+    return host_prng.from_jax(value) if host_prng.is_key(value) else np.asarray(value)
+
+
+def _typed(value: Any, aval: Any) -> Any:
+    """``value`` as a numpy array of ``aval``'s dtype (a host key as it is)."""
+    return value if isinstance(value, host_prng.HostKey) else np.asarray(value, aval.dtype)
 
 
 def _has_sharding(params: dict) -> bool:
@@ -120,8 +183,9 @@ def _has_sharding(params: dict) -> bool:
     return False
 
 
-def _run_jaxpr(jaxpr: Any, consts: list, args: list) -> list:
-    """The jaxpr's outputs, every equation by :func:`_apply` (numpy values throughout)."""
+def _run_jaxpr(jaxpr: Any, consts: list, args: list, eqns: Optional[list] = None) -> list:
+    """The jaxpr's outputs, every equation (of ``eqns``, default all) by :func:`_apply` (numpy
+    values throughout)."""
     env: dict = {}
 
     def read(var: Any) -> Any:
@@ -130,21 +194,23 @@ def _run_jaxpr(jaxpr: Any, consts: list, args: list) -> list:
         return env[var]
 
     for var, value in zip(jaxpr.constvars, consts):
-        env[var] = np.asarray(value)
+        env[var] = _host_value(value)
     for var, value in zip(jaxpr.invars, args):
         env[var] = value
-    for eqn in jaxpr.eqns:
+    for eqn in jaxpr.eqns if eqns is None else eqns:
         if eqn.effects:
             raise _Unsupported("effects")
         values = [read(v) for v in eqn.invars]
-        outputs, _ = _apply(eqn.primitive, eqn.params, values, [v.aval for v in eqn.invars])
+        outputs, _ = _apply(eqn.primitive, eqn.params, values, [v.aval for v in eqn.invars], [v.aval for v in eqn.outvars])
         for var, value in zip(eqn.outvars, outputs):
             env[var] = value
     return [read(v) for v in jaxpr.outvars]
 
 
 def _to_device(value: np.ndarray, aval: Any) -> jax.Array:
-    """A JAX array of ``aval``'s type (its weak type included) holding ``value``."""
+    """A JAX array of ``aval``'s type (its weak type included) holding ``value`` (a key array for a host key)."""
+    if isinstance(value, host_prng.HostKey):
+        return host_prng.to_jax(value)
     from jax._src import core  # jax is pinned below 0.11
     from jax._src.interpreters import pxla
 

@@ -183,3 +183,73 @@ def test_special_values_follow_xla_s_conventions(name):
 def test_debug_nans_still_raises_in_planning():
     with jax.debug_nans(True), cheap_eager_ops(), pytest.raises(FloatingPointError):
         jnp.log(-A)
+
+
+@pytest.mark.parametrize("shape", [(1,), (2,), (5,), (2, 3)])
+def test_threefry_splits_on_the_host_are_jax_s_bit_for_bit(shape):
+    from blrppl import host_prng
+
+    rng = np.random.default_rng(len(shape) * 10 + shape[-1])
+    for _ in range(20):
+        key = jax.random.fold_in(jax.random.key(int(rng.integers(0, 2**31))), int(rng.integers(0, 2**31)))
+        expected = np.asarray(jax.random.key_data(jax.random.split(key, shape)))
+        got = host_prng.split(host_prng.from_jax(key), shape)
+        np.testing.assert_array_equal(got.data, expected)
+        np.testing.assert_array_equal(jax.random.key_data(host_prng.to_jax(got)), expected)
+
+
+def keyed_scan(raw_key, x0, xs, rate, typed_key=None):
+    """A scan as NumPyro's ``scan`` runs one: a raw key carried and split at every step (one half
+    unused), a state moved by the observations; ``typed_key``: a typed key carried and split too."""
+
+    def step(carry, x):
+        raw, typed, state = carry
+        raw = jax.random.split(raw)[0]  # a raw (uint32) key, as NumPyro keeps them
+        typed = None if typed is None else jax.random.split(typed)[0]
+        state = rate * state + jnp.sqrt(1.0 + x * x) - x / 3.0
+        return (raw, typed, state), (state, jnp.where(x > 0, state, -state))
+
+    return jax.lax.scan(step, (raw_key, typed_key, x0), xs)
+
+
+def assert_equal_loops(got, expected):
+    for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+        if jax.dtypes.issubdtype(e.dtype, jax.dtypes.extended):
+            g, e = jax.random.key_data(g), jax.random.key_data(e)
+        assert g.dtype == e.dtype and g.shape == e.shape and g.weak_type == e.weak_type
+        np.testing.assert_allclose(g, e, rtol=1e-13)  # bit for bit for the keys (integers)
+
+
+def test_a_short_scan_runs_by_its_body_in_numpy_and_equals_the_compiled_loop():
+    from blrppl.eager_loops import loops_compiled_once
+
+    args = (jax.random.key_data(jax.random.key(7)), jnp.asarray(0.3), jnp.asarray(RNG.normal(size=17)), 0.9)
+    with compilations() as compiled, loops_compiled_once(), cheap_eager_ops():
+        got = keyed_scan(*args)
+    assert "jit(run)" not in compiled_names(compiled)  # the loop program of blrppl.eager_loops
+    assert_equal_loops(got, jax.jit(keyed_scan, static_argnums=3)(*args))
+
+
+@pytest.mark.parametrize("case", ["long", "typed key"])
+def test_a_scan_numpy_does_not_cover_is_compiled_as_before(monkeypatch, case):
+    from blrppl import host_ops
+    from blrppl.eager_loops import loops_compiled_once
+
+    if case == "long":
+        monkeypatch.setattr(host_ops, "MAX_SCAN_EQUATIONS", 10)
+    xs = jnp.asarray(RNG.normal(size=23 if case == "long" else 19))  # lengths no other test uses
+    args = (jax.random.key_data(jax.random.key(1)), jnp.asarray(0.1), xs, 0.5, jax.random.key(2) if case != "long" else None)
+    with compilations() as compiled, loops_compiled_once(), cheap_eager_ops():
+        got = keyed_scan(*args)
+    assert "jit(run)" in compiled_names(compiled)
+    assert_equal_loops(got, jax.jit(keyed_scan, static_argnums=3)(*args))
+
+
+def test_planning_a_state_space_model_compiles_none_of_its_scans():
+    from models import ZOO
+
+    entry = ZOO["stochastic_volatility"]
+    args, kwargs = entry.data()
+    with compilations() as compiled:
+        blrppl.NonConjugateVI(entry.model).plan(*args, **kwargs)
+    assert "jit(run)" not in compiled_names(compiled)
