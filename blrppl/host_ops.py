@@ -48,6 +48,12 @@ MAX_SCAN_EQUATIONS = 4096
 """Most equations a ``scan`` may run in all (its length times its body's) to be evaluated
 with numpy: a few microseconds each, against 50-80 ms for compiling the loop."""
 
+#: Primitives with several outputs (``jnp.unstack``, ``jnp.split``).
+_SEVERAL_OUTPUTS = {
+    "unstack": lambda x, *, axis: [np.take(x, i, axis=axis) for i in range(np.shape(x)[axis])],
+    "split": lambda x, *, sizes, axis: np.split(x, np.cumsum(sizes)[:-1], axis=axis),
+}
+
 #: Primitives that call a jaxpr, evaluated equation by equation.
 _CALLS = {"jit": "jaxpr", "pjit": "jaxpr", "custom_jvp_call": "call_jaxpr", "closed_call": "call_jaxpr"}
 
@@ -111,12 +117,17 @@ def _apply(prim: Any, params: dict, values: list, avals: list, out_avals: Option
         return [_typed(o, a) for o, a in zip(outputs, out_avals)], out_avals
     if prim.name == "scan":
         return _scan(params, values)
+    if out_avals is None:
+        out = prim.abstract_eval(*avals, **params)[0]
+        out_avals = list(out) if prim.multiple_results else [out]
     if prim.name in host_prng.OPERATIONS:
-        outputs = host_prng.apply(prim.name, params, values)
-        return outputs, out_avals if out_avals is not None else list(prim.abstract_eval(*avals, **params)[0])
+        return host_prng.apply(prim.name, params, values), out_avals
+    if prim.name in _SEVERAL_OUTPUTS and not _has_sharding(params):
+        outputs = _SEVERAL_OUTPUTS[prim.name](*values, **params)
+        return [np.asarray(o, a.dtype) for o, a in zip(outputs, out_avals)], out_avals
     if prim.multiple_results or _has_sharding(params):
         raise _Unsupported(prim.name)
-    out_aval = out_avals[0] if out_avals is not None else prim.abstract_eval(*avals, **params)[0]
+    out_aval = out_avals[0]
     xs = [np.asarray(v, dtype=a.dtype) for v, a in zip(values, avals)]
     out = host.evaluate(prim.name, params, xs, out_aval.dtype, tuple(out_aval.shape), approximate=True)
     if out is None:

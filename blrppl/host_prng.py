@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-OPERATIONS = ("random_wrap", "random_unwrap", "random_split")
-"""The key operations evaluated here."""
+OPERATIONS = ("random_wrap", "random_unwrap", "random_split", "threefry2x32", "iota_2x32_shape")
+"""The operations evaluated here: on keys, and the hash and counts of a split's compiled code."""
 
 THREEFRY = "threefry2x32"
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
@@ -55,6 +55,12 @@ def to_jax(key: HostKey) -> jax.Array:
 
 def apply(name: str, params: dict, values: list) -> list:
     """Key operation ``name`` (one of ``OPERATIONS``) on host values; raises where not covered."""
+    if name == "threefry2x32":
+        words = np.broadcast_arrays(*(np.asarray(v, np.uint64) for v in values))
+        return [np.asarray(w, np.uint32) for w in threefry2x32(*words)]
+    if name == "iota_2x32_shape":
+        counts = np.arange(math.prod(params["shape"]), dtype=np.uint64).reshape(params["shape"])
+        return [np.asarray(counts >> np.uint64(32), np.uint32), np.asarray(counts & np.uint64(_MASK), np.uint32)]
     if name == "random_wrap":
         impl = params["impl"]
         if impl.name != THREEFRY:
@@ -81,9 +87,10 @@ def split(key: HostKey, shape: tuple) -> HostKey:
     return HostKey(out.reshape(*shape, 2), key.impl)
 
 
-def threefry2x32(k1: int, k2: int, x1: int, x2: int) -> tuple[int, int]:
+def threefry2x32(k1: Any, k2: Any, x1: Any, x2: Any) -> tuple[Any, Any]:
     """The Threefry-2x32 hash (20 rounds) of the count ``(x1, x2)`` under key ``(k1, k2)``,
-    in 32-bit words: JAX's ``_threefry2x32_lowering``."""
+    in 32-bit words held by Python integers or ``uint64`` arrays (elementwise): JAX's
+    ``_threefry2x32_lowering``."""
     schedule = (k1, k2, k1 ^ k2 ^ 0x1BD11BDA)
     x1, x2 = (x1 + k1) & _MASK, (x2 + k2) & _MASK
     for i in range(5):

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 
-from blrppl.compile_mode import probe, size_dependent_jit, to_device
+from blrppl.compile_mode import probe, to_device
 from blrppl.errors import ModelError
 from blrppl.estimators.base import FactorEstimator, PlanArrays, owner
 
@@ -213,9 +213,13 @@ def _gaussian_from_prior(q: Any, node: Any) -> Any:
     return _from_usual(q.family.from_usual, True, flat_loc, flat_var)
 
 
-@size_dependent_jit(data_argnum=2, static_argnums=(0, 1), one_shot=True)
-def _from_usual(from_usual: Any, matrix: bool, loc: jax.Array, var: jax.Array) -> Any:
-    """λ of the Gaussian with mean ``loc`` and variances ``var`` (diagonal ``covariance_matrix`` if ``matrix``)."""
+def _from_usual(from_usual: Any, matrix: bool, loc: np.ndarray, var: np.ndarray) -> Any:
+    """λ of the Gaussian with mean ``loc`` and variances ``var`` (diagonal ``covariance_matrix`` if
+    ``matrix``): a probe (:func:`~blrppl.compile_mode.probe`), in numpy where its rules cover it."""
+    return probe(functools.partial(_natural_from_usual, from_usual, matrix))(loc, var)
+
+
+def _natural_from_usual(from_usual: Any, matrix: bool, loc: jax.Array, var: jax.Array) -> Any:
     if not matrix:
         return from_usual(loc, jnp.sqrt(var))
     return from_usual(loc, covariance_matrix=var[..., None] * jnp.eye(loc.shape[-1]))
