@@ -187,9 +187,11 @@ def _typed(value: Any, aval: Any) -> Any:
 
 
 def _has_sharding(params: dict) -> bool:
-    """A parameter placing the result on devices (a rule would drop it)."""
+    """A parameter placing the result on devices (a rule would drop it); an abstract sharding
+    over no mesh axes (what ``jnp.asarray`` records outside a mesh) places nothing."""
     for name in ("sharding", "out_sharding"):
-        if params.get(name) is not None:
+        sharding = params.get(name)
+        if sharding is not None and not getattr(getattr(sharding, "mesh", None), "empty", False):
             return True
     return False
 

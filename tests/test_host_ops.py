@@ -248,10 +248,11 @@ def test_a_scan_numpy_does_not_cover_is_compiled_as_before(monkeypatch, case):
     assert_equal_loops(got, jax.jit(keyed_scan, static_argnums=3)(*args))
 
 
-@pytest.mark.parametrize("name", ["stochastic_volatility", "radon"])
+@pytest.mark.parametrize("name", ["stochastic_volatility", "radon", "logistic_regression"])
 def test_planning_compiles_nothing_but_the_replanner(name):
     """A state-space model's scans and key splits, a hierarchical model's Gaussian starts from
-    its priors: all on the host."""
+    its priors, a GLM's design matrix (its basis cast under an abstract sharding that places
+    nothing): all on the host."""
     from models import ZOO
 
     entry = ZOO[name]
