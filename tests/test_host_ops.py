@@ -233,6 +233,27 @@ def test_a_short_scan_runs_by_its_body_in_numpy_and_equals_the_compiled_loop():
     assert_equal_loops(got, jax.jit(keyed_scan, static_argnums=3)(*args))
 
 
+def two_input_scan(x0, xs, ys, reverse):
+    def step(c, inp):
+        x, y = inp
+        c = c * 0.5 + x * jnp.sum(y)
+        return c, (c, x + 1, y * c)
+
+    return jax.lax.scan(step, x0, (xs, ys), reverse=reverse)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("length", [0, 1, 6])
+def test_scans_in_numpy_read_their_inputs_in_order_and_stack_their_outputs(reverse, length):
+    from blrppl.eager_loops import loops_compiled_once
+
+    args = (jnp.asarray(0.2), jnp.asarray(RNG.normal(size=length)), jnp.asarray(RNG.normal(size=(length, 3))))
+    with compilations() as compiled, loops_compiled_once(), cheap_eager_ops():
+        got = two_input_scan(*args, reverse)
+    assert compiled_names(compiled) == []
+    assert_equal_loops(got, jax.jit(two_input_scan, static_argnums=3)(*args, reverse))
+
+
 @pytest.mark.parametrize("case", ["long", "typed key"])
 def test_a_scan_numpy_does_not_cover_is_compiled_as_before(monkeypatch, case):
     from blrppl import host_ops
