@@ -480,3 +480,56 @@ def test_a_loop_chain_with_new_group_indices_per_step_is_replanned(rng_key):
     fresh = blrppl.VMP(loop_with_group_indices).run(rng_key, 100, gs[1], y=y, progress_bar=False, tol=1e-10)
     np.testing.assert_allclose(second.posterior["a"].mean, fresh.posterior["a"].mean, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(second.posterior["a"].variance, fresh.posterior["a"].variance, rtol=1e-9)
+
+
+def grouped_scales(group, y=None):
+    """A hierarchy that counts its groups with numpy (``group`` must be concrete): a hybrid
+    factor (the group means exact given their scale, the scale by quadrature)."""
+    num_groups = len(np.unique(np.asarray(group)))
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = numpyro.sample("tau", dist.HalfNormal(2.0))
+    with numpyro.plate("groups", num_groups):
+        theta = numpyro.sample("theta", dist.Normal(mu, tau))
+    with numpyro.plate("rows", len(y)):
+        numpyro.sample("y", dist.Normal(theta[group], 1.0), obs=y)
+
+
+@pytest.mark.parametrize("engine_cls", [blrppl.NonConjugateVI, blrppl.VMP], ids=["hybrid", "exact"])
+def test_a_model_that_reads_an_index_array_as_values_is_replanned_while_that_array_is_unchanged(rng_key, engine_cls):
+    """The index array is a constant of the plan (``Plan.held_data``): new observations are
+    replanned by the compiled planner, which checks the held array; a new index array, of the
+    same shape or with fewer groups, is planned on the host. Every fit equals a fresh one."""
+    rng = np.random.default_rng(7)
+    group = np.repeat(np.arange(6), 5)
+    model = grouped_scales if engine_cls is blrppl.NonConjugateVI else _grouped_conjugate
+    model, calls = counted(model)
+    engine = engine_cls(model)
+    engine.run(rng_key, 100, group, progress_bar=False, tol=1e-8, y=jnp.asarray(rng.normal(size=30)))
+    assert engine.replanner(group, y=jnp.zeros(30)) is not None
+    cases = {
+        "new observations": (group, jnp.asarray(rng.normal(size=30)), True),
+        "moved rows": (np.roll(group, 1), jnp.asarray(rng.normal(size=30)), False),
+        "fewer groups": (np.minimum(group, 3), jnp.asarray(rng.normal(size=30)), False),
+    }
+    for name, (g, y, replanned) in cases.items():
+        calls["n"], COMPILES.count, COMPILES.on = 0, 0, True
+        try:
+            result = engine.run(rng_key, 100, g, progress_bar=False, tol=1e-8, y=y)
+        finally:
+            COMPILES.on = False
+        assert (calls["n"] == 0) == replanned, name
+        if replanned:
+            assert COMPILES.count == 0, name
+        fresh = engine_cls(model).run(rng_key, 100, g, progress_bar=False, tol=1e-8, y=y)
+        np.testing.assert_allclose(result.elbo, fresh.elbo, rtol=1e-11, err_msg=name)
+        for v in fresh.posterior:
+            np.testing.assert_allclose(result.posterior[v].mean, fresh.posterior[v].mean, rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def _grouped_conjugate(group, y=None):
+    """Group means under a known prior, counted with numpy: every factor exact."""
+    num_groups = len(np.unique(np.asarray(group)))
+    with numpyro.plate("groups", num_groups):
+        theta = numpyro.sample("theta", dist.Normal(0.0, 2.0))
+    with numpyro.plate("rows", len(y)):
+        numpyro.sample("y", dist.Normal(theta[group], 1.0), obs=y)

@@ -45,7 +45,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from typing import Any, Callable, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -95,7 +95,7 @@ class Replanner(NamedTuple):
         it = iter(leaves)
         merged = [c if c is not None else next(it) for c in self.constants]
         factors, starts = jax.tree_util.tree_unflatten(self.treedef, merged)
-        return self.plan.arrays._replace(factors=factors, starts=starts, data=tuple(data_arrays))
+        return self.plan.arrays._replace(factors=factors, starts=starts, data=_argument_data(self.plan, data_arrays))
 
     def plan_for(self, data: ModelData) -> Optional[Plan]:
         """The plan for new data of the reference signature, or None (plan on the host).
@@ -121,6 +121,12 @@ class Replanner(NamedTuple):
         plan = _replaced(self.plan, graph=graph, arrays=arrays)
         plan.__dict__["signature"] = self.plan.signature  # the same structure, shapes and dtypes
         return plan
+
+
+def _argument_data(plan: Plan, arrays: Sequence[Any]) -> tuple:
+    """The data arrays a compiled fit takes as arguments: None where the plan holds one as a
+    constant (``Plan.held_data``), as :func:`~blrppl.graph.concrete.with_held_data` makes them."""
+    return tuple(None if i in plan.held_data else a for i, a in enumerate(arrays))
 
 
 def _replaced(obj: Any, **changes: Any) -> Any:
@@ -226,8 +232,10 @@ def _strip_index(index: Any) -> Any:
 def _unsupported(plan: Plan) -> Optional[str]:
     """Why the plan's arrays are not all replayed from the tape, or None."""
     graph = plan.graph
-    if plan.data_static or plan.held_data or any(e.closed_data for e in plan.estimators):
+    if plan.data_static or any(e.closed_data for e in plan.estimators):
         return "the model needs concrete data"
+    if plan.held_data and any(e.replay is not None for e in plan.estimators):
+        return "a linear predictor over data the model needs as values"
     if plan.subsample is not None or plan.imputed or plan.orphans:
         return "minibatches or missing data"
     if any(node.observed_mask is not None for node in graph.variables.values()):
@@ -272,8 +280,12 @@ def _build(plan: Plan, rec: tape.Recording, taped: tuple, data: ModelData) -> Re
     guards = list(rec.guards)
     sites = _site_replay(plan)
 
+    held = {i: np.asarray(plan.graph.data.arrays[i]) for i in plan.held_data}
+
     def replan(arrays):
         taped_values, ok = tape.replay(order, nodes, guards, arrays)
+        for i, value in held.items():  # the plan holds them as constants: valid for the same values only
+            ok = ok & (jnp.shape(arrays[i]) == value.shape) & jnp.all(arrays[i] == value)
         own = {}
         for f, est in replayed.items():
             out, good = est.replay(arrays)
@@ -294,7 +306,7 @@ def _build(plan: Plan, rec: tape.Recording, taped: tuple, data: ModelData) -> Re
         values, ok = replan(arrays)
         it = iter(values)
         factors, starts = jax.tree_util.tree_unflatten(treedef, [c if c is not None else next(it) for c in constants])
-        return plan.arrays._replace(factors=factors, starts=starts, data=tuple(arrays)), ok
+        return plan.arrays._replace(factors=factors, starts=starts, data=_argument_data(plan, arrays)), ok
 
     fn = SizeDependentJit(replan, data_argnum=0, one_shot=True)  # once per refit, one pass over its data
     reference = tuple(data.arrays)
@@ -315,6 +327,8 @@ def _site_replay(plan: Plan) -> Callable:
         values.update(value if isinstance(value, dict) else {v: value})
 
     def sites(arrays):
+        # The arrays the model needs as values are the reference ones (the replan checks them).
+        arrays = [graph.data.arrays[i] if i in plan.held_data else a for i, a in enumerate(arrays)]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return replay(graph, values, {}, data=arrays)

@@ -71,7 +71,7 @@ def exact_estimator(
     example_values.update({p: param_examples[p] for p in points})
     try:
         # While a plan is recorded, the data are inputs of the analysis (blrppl.graph.tape).
-        terms = analyse(symbolic, example_values, infos, data=tape.data_inputs(graph.data.arrays))
+        terms = analyse(symbolic, example_values, infos, data=tape.data_inputs(graph.data.arrays, lambda: graph.held_data))
     except Unsupported as error:
         raise NonConjugate(neighbours[0] if neighbours else None, str(error)) from None
     needed = {p: stats_needed(terms.terms, p) for p in points}

@@ -83,7 +83,8 @@ def hybrid_estimator(
     example_values = {**{v: examples[v] for v in conjugate}, **held, **{p: param_examples[p] for p in points}}
     try:
         terms = analyse(
-            symbolic, example_values, infos, data=tape.data_inputs(graph.data.arrays), held=frozenset(uncertain)
+            symbolic, example_values, infos, data=tape.data_inputs(graph.data.arrays, lambda: graph.held_data),
+            held=frozenset(uncertain),
         )
     except Unsupported as error:
         raise NonConjugate(uncertain[0], str(error)) from None

@@ -123,14 +123,18 @@ def paused() -> Iterator[None]:
         _active[:] = saved
 
 
-def data_inputs(arrays: Sequence[Any]) -> Optional[tuple]:
-    """The recording's :class:`Dual` inputs when ``arrays`` are the recorded ones, else None."""
+def data_inputs(arrays: Sequence[Any], held: Callable[[], Sequence[int]] = tuple) -> Optional[tuple]:
+    """The recording's :class:`Dual` inputs when ``arrays`` are the recorded ones, else None;
+    ``held()``: positions of arrays the model needs as values (``FactorGraph.held_data``, asked
+    for only while recording), given as their plain values: constants of the analysis, so that a
+    replay is valid for the same values only (:mod:`blrppl.blr.replan` checks them)."""
     if not _active:
         return None
     rec = _active[-1]
     if len(arrays) != len(rec.arrays) or any(a is not b for a, b in zip(arrays, rec.arrays)):
         return None
-    return rec.inputs
+    positions = held()
+    return tuple(d.value if i in positions else d for i, d in enumerate(rec.inputs))
 
 
 def memo(dual: "Dual", name: str, compute: Callable[[], Any]) -> Any:

@@ -58,9 +58,20 @@ def analyse(
     examples = [example_values[n] for n in names]
     closed = None
     if data is not None:
-        shapes = [jax.ShapeDtypeStruct(np.shape(d), d.dtype) for d in data]
+        # The recording's inputs (Duals) are the jaxpr's inputs; plain arrays among them (those the
+        # model needs as values: ``held``) are constants of it.
+        inputs = [i for i, d in enumerate(data) if tape.is_dual(d)]
+        shapes = [jax.ShapeDtypeStruct(np.shape(data[i]), data[i].dtype) for i in inputs]
+
+        def with_inputs(ds):
+            full = list(data)
+            for i, d in zip(inputs, ds):
+                full[i] = d
+            return tuple(full)
+
         try:
-            closed = jax.make_jaxpr(lambda xs, ds: log_factor(dict(zip(names, xs)), tuple(ds)))(examples, shapes)
+            closed = jax.make_jaxpr(lambda xs, ds: log_factor(dict(zip(names, xs)), with_inputs(ds)))(examples, shapes)
+            data = tuple(data[i] for i in inputs)
         except DATA_ERRORS:  # the model needs concrete data: they stay constants
             data = None
     if closed is None:
