@@ -73,7 +73,7 @@ def factor_verdicts(graph: FactorGraph, name: str, qs, examples, params, error: 
             break
         factors = dict(graph.factors)
         factors[name] = dataclasses.replace(node, neighbours=tuple(remaining))
-        sub_graph = dataclasses.replace(graph, factors=factors)
+        sub_graph = graph.with_factors(factors)
         try:
             exact_estimator(sub_graph, name, qs, examples, params)
             break
@@ -210,7 +210,7 @@ def with_verdicts(graph: FactorGraph, verdicts: Verdicts) -> FactorGraph:
         name: dataclasses.replace(node, edges={**node.edges, **verdicts.get(name, {})})
         for name, node in graph.factors.items()
     }
-    return dataclasses.replace(graph, factors=factors)
+    return graph.with_factors(factors)
 
 
 def delta_estimator(

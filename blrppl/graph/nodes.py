@@ -238,6 +238,15 @@ class FactorGraph:
 
         return held_data(self)
 
+    def with_factors(self, factors: dict) -> "FactorGraph":
+        """A copy with other factor nodes: the same model and data, so what was learnt about
+        the data (``data``, ``held_data``: runs of the model) is carried over."""
+        new = dataclasses.replace(self, factors=factors)
+        for name in ("data", "held_data"):
+            if name in self.__dict__:
+                new.__dict__[name] = self.__dict__[name]
+        return new
+
     def to_networkx(self) -> Any:
         """The graph as a bipartite ``networkx.Graph`` (see :mod:`blrppl.graph.networkx`)."""
         from blrppl.graph.networkx import to_networkx
