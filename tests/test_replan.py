@@ -24,6 +24,7 @@ import blrppl
 from blrppl.blr.plan import make_plan
 from blrppl.graph.data import split_model_data
 from models import ZOO
+from tests.test_data_as_arguments import _grouped_means
 
 CASES = [
     ("normal_mean_precision", blrppl.VMP),
@@ -501,7 +502,7 @@ def test_a_model_that_reads_an_index_array_as_values_is_replanned_while_that_arr
     same shape or with fewer groups, is planned on the host. Every fit equals a fresh one."""
     rng = np.random.default_rng(7)
     group = np.repeat(np.arange(6), 5)
-    model = grouped_scales if engine_cls is blrppl.NonConjugateVI else _grouped_conjugate
+    model = grouped_scales if engine_cls is blrppl.NonConjugateVI else _grouped_means  # every factor exact
     model, calls = counted(model)
     engine = engine_cls(model)
     engine.run(rng_key, 100, group, progress_bar=False, tol=1e-8, y=jnp.asarray(rng.normal(size=30)))
@@ -524,12 +525,3 @@ def test_a_model_that_reads_an_index_array_as_values_is_replanned_while_that_arr
         np.testing.assert_allclose(result.elbo, fresh.elbo, rtol=1e-11, err_msg=name)
         for v in fresh.posterior:
             np.testing.assert_allclose(result.posterior[v].mean, fresh.posterior[v].mean, rtol=1e-9, atol=1e-12, err_msg=name)
-
-
-def _grouped_conjugate(group, y=None):
-    """Group means under a known prior, counted with numpy: every factor exact."""
-    num_groups = len(np.unique(np.asarray(group)))
-    with numpyro.plate("groups", num_groups):
-        theta = numpyro.sample("theta", dist.Normal(0.0, 2.0))
-    with numpyro.plate("rows", len(y)):
-        numpyro.sample("y", dist.Normal(theta[group], 1.0), obs=y)
