@@ -525,3 +525,18 @@ def test_a_model_that_reads_an_index_array_as_values_is_replanned_while_that_arr
         np.testing.assert_allclose(result.elbo, fresh.elbo, rtol=1e-11, err_msg=name)
         for v in fresh.posterior:
             np.testing.assert_allclose(result.posterior[v].mean, fresh.posterior[v].mean, rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def test_numpy_data_changed_in_place_between_runs_are_new_data(rng_key):
+    """The plan holds the user's own arrays: one changed in place must not be mistaken for the
+    data the plan was made from (that returned the first fit again), observations or an index
+    array the model reads as values alike."""
+    rng = np.random.default_rng(8)
+    group, y = np.repeat(np.arange(6), 5), rng.normal(size=30)
+    engine = blrppl.VMP(_grouped_means)
+    engine.run(rng_key, 100, group, y=y, progress_bar=False, tol=1e-8)
+    for change in (lambda: y.__iadd__(3.0), lambda: np.copyto(group, np.minimum(group, 3))):
+        change()
+        result = engine.run(rng_key, 100, group, y=y, progress_bar=False, tol=1e-8)
+        expected = np.bincount(group, weights=y) / (np.bincount(group) + 1.0)  # N(0, 1) prior, unit noise
+        np.testing.assert_allclose(result.posterior["mu"].mean, expected, rtol=1e-9)

@@ -81,6 +81,8 @@ class Replanner(NamedTuple):
         on the data, else None (the replayed value is used).
       batched: ``data arrays -> (PlanArrays, ok)`` vmapped over a leading
         batch axis of every array (every leaf of the result gets it), jitted.
+      reference: the first data's values, copied (:func:`_snapshot`: a numpy array the user
+        changes in place is new data), or None where they are too large to compare.
     """
 
     plan: Plan
@@ -89,6 +91,7 @@ class Replanner(NamedTuple):
     treedef: Any
     constants: tuple
     batched: Callable
+    reference: Optional[tuple] = None
 
     def arrays_for(self, leaves: list, data_arrays: tuple) -> Any:
         """The plan's :class:`~blrppl.estimators.base.PlanArrays` from replayed leaves."""
@@ -104,11 +107,12 @@ class Replanner(NamedTuple):
         that two runs on the same data are equal bit for bit (the compiled
         replay may differ from the host's numpy in the last bit).
         """
+        same = self.reference is not None and _same_values(self.reference, data.arrays)
         try:  # dispatched first: the host's work below overlaps the device's
             leaves, ok = self.compiled(tuple(data.arrays))
         except (TypeError, ValueError):  # arguments the compiled planner was not built for
-            return self.plan if _same_values(self.plan.graph.data.arrays, data.arrays) else None
-        if _same_values(self.plan.graph.data.arrays, data.arrays):
+            return self.plan if same else None
+        if same:
             return self.plan
         plan = self.with_data(self.arrays_for(leaves, data.arrays), data)
         return plan if bool(ok) else None
@@ -148,6 +152,15 @@ def _field_names(cls: type) -> tuple:
 
 #: Most elements compared on the host to recognise the reference data (larger data are replayed).
 SAME_DATA_MAX_SIZE = 1 << 20
+
+
+def _snapshot(arrays: tuple) -> Optional[tuple]:
+    """``arrays`` with every numpy array copied (JAX arrays are immutable), or None beyond
+    ``SAME_DATA_MAX_SIZE`` elements: the reference that :func:`_same_values` compares with.
+    The plan holds the user's own arrays; one changed in place is not the data it was made from."""
+    if sum(np.size(a) for a in arrays) > SAME_DATA_MAX_SIZE:
+        return None
+    return tuple(a if isinstance(a, jax.Array) else np.array(a, copy=True) for a in arrays)
 
 
 def _same_values(reference: tuple, arrays: tuple) -> bool:
@@ -278,9 +291,8 @@ def _build(plan: Plan, rec: tape.Recording, taped: tuple, data: ModelData) -> Re
         avals.append(jax.typeof(value))
     order = tape.needed(nodes, rec.guards)
     guards = list(rec.guards)
-    sites = _site_replay(plan)
-
-    held = {i: np.asarray(plan.graph.data.arrays[i]) for i in plan.held_data}
+    held = {i: np.array(plan.graph.data.arrays[i], copy=True) for i in plan.held_data}  # (see _snapshot)
+    sites = _site_replay(plan, held)
 
     def replan(arrays):
         taped_values, ok = tape.replay(order, nodes, guards, arrays)
@@ -311,11 +323,12 @@ def _build(plan: Plan, rec: tape.Recording, taped: tuple, data: ModelData) -> Re
     fn = SizeDependentJit(replan, data_argnum=0, one_shot=True)  # once per refit, one pass over its data
     reference = tuple(data.arrays)
     compiled = CompiledInBackground(lambda: fn.lower(reference))  # during the first fit (ahead.idle_time)
-    return Replanner(plan, fn, compiled, treedef, tuple(constants), jax.jit(jax.vmap(full)))
+    return Replanner(plan, fn, compiled, treedef, tuple(constants), jax.jit(jax.vmap(full)), _snapshot(reference))
 
 
-def _site_replay(plan: Plan) -> Callable:
-    """``data arrays -> {site: replayed site}``: the model replayed on new data at fixed latents.
+def _site_replay(plan: Plan, held: Mapping[int, np.ndarray]) -> Callable:
+    """``data arrays -> {site: replayed site}``: the model replayed on new data at fixed latents
+    (``held``: the values of the arrays the model needs as values, by position).
 
     Raises:
       ValueError: when a latent's distribution depends on the data (its start
@@ -328,7 +341,7 @@ def _site_replay(plan: Plan) -> Callable:
 
     def sites(arrays):
         # The arrays the model needs as values are the reference ones (the replan checks them).
-        arrays = [graph.data.arrays[i] if i in plan.held_data else a for i, a in enumerate(arrays)]
+        arrays = [held[i] if i in held else a for i, a in enumerate(arrays)]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return replay(graph, values, {}, data=arrays)
