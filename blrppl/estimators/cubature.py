@@ -35,7 +35,7 @@ from jax.scipy.linalg import solve_triangular
 
 from blrppl._types import Array, PRNGKey
 from blrppl.estimators.gaussian import (
-    GaussianEstimator, curvature_term, flatten_blocks, is_full, loc_scale, natural_gradient,
+    GaussianEstimator, beside_zero, curvature_term, flatten_blocks, is_full, loc_scale, natural_gradient,
 )
 
 MAX_CUBATURE_DIM = 4
@@ -141,6 +141,7 @@ def cubature(
             loc = jnp.concatenate(locs)
             scale = jax.scipy.linalg.block_diag(*scales)
             points = loc + jnp.asarray(nodes, loc.dtype) @ scale.T
+        points = beside_zero(points)  # the centre node at a zero mean (a zero-mean start's kinks)
         dtype = loc.dtype
 
         def unflatten(u: Array) -> Any:

@@ -20,6 +20,7 @@ from blrppl._types import Array, PRNGKey
 from blrppl.estimators.gaussian import (
     JOINT_HESSIAN_MAX_SIZE,
     GaussianEstimator,
+    beside_zero,
     block_hessian,
     conditional,
     curvature_term,
@@ -70,7 +71,7 @@ def delta(*, separable: bool = False, second_order: bool = True) -> GaussianEsti
         del rng_key  # Deterministic.
         blocks, treedef = flatten_blocks(mean)
         total = joint_log_factor(log_factor, treedef)
-        locs = [block.x for block in blocks]
+        locs = [beside_zero(block.x) for block in blocks]  # (a zero-mean start's kinks)
         if not separable and sum(x.size for x in locs) <= JOINT_HESSIAN_MAX_SIZE:
             value, grads, hessians = value_grad_hessians(total, locs, [is_full(b) for b in blocks])
         else:

@@ -79,6 +79,22 @@ class GaussianEstimator(NamedTuple):
     method: str
 
 
+def beside_zero(x: Array) -> Array:
+    """x shifted by √(smallest normal number): where the model's code is differentiated at a
+    point, an x of exactly 0 is read just beside it; any other x is left as it is to its last
+    digit (|x| > 1e-138 in float64, 2e-12 in float32, where the shift is below half an ulp).
+
+    A start from zero-mean priors puts linear predictors at exactly 0, where numpyro's logit
+    likelihoods are written with |η| and ``clip(η, 0)``, whose derivatives JAX takes at 0 as 1
+    and 1/2: ℓ'(0) of ``Bernoulli(logits=η)`` comes out y where it is y - 1/2, of
+    ``Binomial(n, logits=η)`` y where it is y - n/2. A Newton start from there took a first
+    step that lowered log p̄ at every halving of ρ, and started worse. (√ of the smallest
+    normal number, not that number: XLA:CPU flushes subnormal products to zero, and 0.5 η
+    would be 0 again.)
+    """
+    return x + jnp.sqrt(jnp.finfo(jnp.result_type(x)).tiny)
+
+
 def is_full(stats: GaussianStats) -> bool:
     """Return True for ``MVNStats`` (full covariance), False for ``NormalStats``.
 

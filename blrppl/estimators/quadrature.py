@@ -31,6 +31,7 @@ from blrppl._types import Array, PRNGKey
 from blrppl.estimators.gaussian import (
     GaussianEstimator,
     GaussianStats,
+    beside_zero,
     is_full,
     loc_scale,
     total_log_factor,
@@ -182,10 +183,13 @@ def predictor_expectations(
 
     ``nodes``/``weights`` from :func:`hermite_rule` (one dimension). One
     forward pass gives ℓ, ℓ' and (as the tangent of ℓ') ℓ''.
+
+    A node at exactly η = 0 (the delta method's at a zero mean) is read beside it
+    (:func:`~blrppl.estimators.gaussian.beside_zero`).
     """
     dtype = eta_mean.dtype
     t = jnp.asarray(nodes[:, 0], dtype).reshape((-1,) + (1,) * eta_mean.ndim)
-    eta = eta_mean + jnp.sqrt(eta_var) * t  # (K, ..., N)
+    eta = beside_zero(eta_mean + jnp.sqrt(eta_var) * t)  # (K, ..., N)
 
     def total(e: Array) -> Array:
         return jnp.sum(log_likelihood(e))
