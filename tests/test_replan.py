@@ -9,6 +9,7 @@ or fail validation are planned on the host, which says what is wrong.
 """
 
 import dataclasses
+import functools
 import os
 import subprocess
 import sys
@@ -26,6 +27,8 @@ from blrppl.graph.data import split_model_data
 from models import ZOO
 from tests.test_data_as_arguments import _grouped_means
 
+JOINT = functools.partial(blrppl.NonConjugateVI, blocks="all")
+
 CASES = [
     ("normal_mean_precision", blrppl.VMP),
     ("eight_schools_noncentered", blrppl.NonConjugateVI),
@@ -37,6 +40,7 @@ CASES = [
     ("hmm", blrppl.VMP),  # a scan: its symbolic analysis on the tape
     ("nile", blrppl.EM),  # point estimates whose initial values are constants
     ("hmm_enum", blrppl.VMP),  # a chain of states whose distribution is masked by the data (lengths)
+    ("eight_schools_centered", JOINT),  # one joint block: block-hybrid analyses on the tape
 ]
 
 
@@ -121,6 +125,7 @@ SECOND_RUNS = [
     ("normal_mean_precision", blrppl.VMP),
     ("gaussian_mixture", blrppl.VMP),  # 4 restarts from k-means on the new observations
     ("logistic_regression", blrppl.NonConjugateVI),
+    ("eight_schools_centered", JOINT),
 ]
 
 

@@ -50,6 +50,7 @@ from blrppl.estimators.nonconjugate import refuse_minibatch
 from blrppl.estimators.quadrature import hermite_rule
 from blrppl.families.common import outer, symmetrize
 from blrppl.families.mvn import MVNStats
+from blrppl.graph import tape
 from blrppl.graph.blocks import as_blocks
 from blrppl.graph.families import variable_q
 from blrppl.graph.nodes import FactorGraph
@@ -156,7 +157,12 @@ def _conditional(graph, factor, block, examples, pieces, held, rest, held_index,
     infos.update({s: VarInfo(POINT, tuple(jnp.shape(example_values[s])), 0) for s in held})
     start_values = {rest_name: rest_q.transform.inv(example_values), **{s: example_values[s] for s in held}}
     try:
-        terms = analyse(lambda values: log_factor(values, {}), start_values, infos)
+        # The data as the recording's inputs (those the model needs as values as constants), so a
+        # refit on new data replays the analysis (:mod:`blrppl.blr.replan`).
+        terms = analyse(
+            lambda values, data=None: log_factor(values, {}, data), start_values, infos,
+            data=tape.data_inputs(graph.data.arrays, lambda: graph.held_data),
+        )
     except Unsupported as error:
         raise NonConjugate(block, str(error)) from None
     needed = {s: stats_needed(terms.terms, s) for s in held}
