@@ -534,7 +534,9 @@ def improper_posterior_error(qs: Mapping[str, Any], natural: Mapping[str, Any], 
     An ELBO that grows without bound (to +inf) while a q collapses to a point
     means the likelihood is unbounded there: the posterior is improper (a
     scale collapsing onto identical observations, an improper prior the
-    data do not identify). A run that ended with a q or an ELBO that is not
+    data do not identify). A collapsing q whose ELBO fell before it stopped
+    being finite is a divergence of the steps, said so (not an improper
+    posterior). A run that ended with a q or an ELBO that is not
     finite for another reason is reported too, never returned.
     """
     # On the host, in numpy: a few small arrays, read once (eager jax ops here cost more than the fit).
@@ -551,7 +553,18 @@ def improper_posterior_error(qs: Mapping[str, Any], natural: Mapping[str, Any], 
     reached = elbo[np.isfinite(elbo)]
     peak = float(np.max(reached)) if reached.size else last
     grows = bool(elbo.size) and (max(last, peak) > bound)
-    if grows or (collapsed and (erratic(elbo) or not bool(np.all(np.isfinite(elbo))))):
+    shaky = collapsed and (erratic(elbo) or not bool(np.all(np.isfinite(elbo))))
+    if shaky and not grows and not erratic(elbo) and reached.size and reached[-1] < peak - 1e-3 * (1.0 + abs(peak)):
+        # The ELBO fell before it stopped being finite: the steps ran away from q's best, which
+        # says nothing of the posterior (an improper one's ELBO climbs until it overflows).
+        site = (runaway_sites(qs, natural) + collapsed + list(qs))[0]
+        return ModelError(
+            f"site {site!r}: the fit diverged: its ELBO fell from {peak:.6g} to {float(reached[-1]):.3g} and then "
+            f"was not finite, as q of {site!r} collapsed; the steps ran away, which does not show that the "
+            "posterior is improper. Try a smaller learning_rate, a deterministic estimator (estimator="
+            "'cubature' or 'quadrature'), or start the site elsewhere (init=...)."
+        )
+    if grows or shaky:
         site = (runaway_sites(qs, natural) + collapsed + list(qs))[0]
         return ModelError(
             f"site {site!r}: the ELBO grows without bound as q of {site!r} collapses to a point, so the "

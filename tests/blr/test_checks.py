@@ -73,6 +73,24 @@ def test_an_elbo_that_reached_past_any_model_is_a_divergence_wherever_it_ended()
     assert error is not None and "site 'sigma'" in str(error) and "grows without bound" in str(error)
 
 
+def test_a_collapsing_q_whose_elbo_fell_before_it_was_not_finite_is_a_divergence_not_an_improper_posterior():
+    """UCBadmit with blocks="all" on counts one higher: the first Monte Carlo step from the Laplace
+    start fell to -1e4, then -5e70, then nan, as q collapsed (reported as an improper posterior before)."""
+    from types import SimpleNamespace
+
+    family = SimpleNamespace(gaussian=True, chain=False)
+    qs = {"mu": SimpleNamespace(family=family, transform=None), "sigma": SimpleNamespace(family=family, transform="log")}
+    natural = {
+        "mu": normal.NormalStats(x=np.array(2.0 * 5e23), x_sq=np.array(-0.5 * 5e23)),
+        "sigma": normal.NormalStats(x=np.array(-50.0 * 1e20), x_sq=np.array(-0.5 * 1e20)),
+    }
+    trace = np.concatenate([[-1.04e4, -5.2e70, -5.2e70], np.full(20, np.nan)])
+    error = improper_posterior_error(qs, natural, trace)
+    assert error is not None and "diverged" in str(error) and "improper" not in str(error).split("which")[0]
+    rising = np.concatenate([-40.0 + np.geomspace(1.0, 1e20, 30), np.full(5, np.nan)])  # climbed until it overflowed
+    assert "grows without bound" in str(improper_posterior_error(qs, natural, rising))
+
+
 def test_a_deterministic_run_that_ended_far_below_its_best_elbo_is_flagged():
     from blrppl.blr.checks import fell_from_best
 
