@@ -91,6 +91,24 @@ def test_a_collapsing_q_whose_elbo_fell_before_it_was_not_finite_is_a_divergence
     assert "grows without bound" in str(improper_posterior_error(qs, natural, rising))
 
 
+def test_an_elbo_that_ended_orders_of_magnitude_below_its_best_is_a_divergence():
+    """UCBadmit's joint block by Monte Carlo (16 draws, key 1): the ELBO fell from -7.9e3 to -1.4e29
+    in one step and stayed there, finite; the fit was returned with flags (sigma's mean 5e14)."""
+    from types import SimpleNamespace
+
+    family = SimpleNamespace(gaussian=True, chain=False)
+    qs = {"mu": SimpleNamespace(family=family, transform=None)}
+    natural = {"mu": normal.NormalStats(x=np.array(70.0 * 4.0), x_sq=np.array(-0.5 * 4.0))}  # sd 0.5: not collapsed
+    trace = np.concatenate([[-7.9e3], np.full(50, -1.4e29)])
+    error = improper_posterior_error(qs, natural, trace)
+    assert error is not None and "diverged" in str(error) and "ended there" in str(error)
+    rng = np.random.default_rng(0)
+    noisy = -68.0 * (1.0 + 0.05 * rng.normal(size=200))  # a Monte Carlo fit's trace
+    recovered = np.concatenate([[-100.0, -1e9], np.linspace(-1e5, -60.0, 20)])  # fell, then climbed back
+    assert improper_posterior_error(qs, natural, noisy) is None
+    assert improper_posterior_error(qs, natural, recovered) is None
+
+
 def test_a_deterministic_run_that_ended_far_below_its_best_elbo_is_flagged():
     from blrppl.blr.checks import fell_from_best
 
