@@ -28,7 +28,9 @@ from blrppl.blr.config import Config
 from blrppl.blr.newton import PLAIN_STEPS_FIRST
 from blrppl.blr.plan import Plan, make_plan
 from blrppl.blr.replan import Replanner, record_plan
-from blrppl.blr.restarts import best_restart, default_restarts, disagreement
+from blrppl.blr.restarts import (
+    DETERMINISTIC_SLACK, NOISY_SLACK, best_restart, default_restarts, disagreement,
+)
 from blrppl.blr.serial_restarts import run_serial_restarts
 from blrppl.blr.starts import raise_invalid_start, start_tests
 from blrppl.blr.state import InferenceAlgorithm
@@ -316,7 +318,9 @@ class Engine:
             flags = checks(best, state, elbo[best, : num_run[best]], best_stopped)
         return BLRResult(
             plan=plan, state=state, elbo=best_elbo, mode=self.mode, restarts=restarts, convergence=convergence,
-            flags=flags + disagreement(elbo, num_run, finite),
+            flags=flags + disagreement(
+                elbo, num_run, finite, NOISY_SLACK if algorithm.noisy else DETERMINISTIC_SLACK
+            ),
         )
 
     @full_precision
